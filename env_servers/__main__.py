@@ -1,0 +1,123 @@
+"""`python -m env_servers serve sokoban frozenlake --port 50051` | `python -m env_servers describe sokoban`.
+
+`serve` prints one JSON line when it is ready, e.g.
+``{"event": "serving", "address": "127.0.0.1:50051", "envs": ["sokoban"], "server_id": "...", "pid": 123}``
+(launchers such as `EnvPool(endpoints="local")` read it to learn the port chosen with ``--port 0``),
+then serves until SIGTERM/SIGINT and drains gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from env_servers.registry import get_env, known_env_ids
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from env_servers.server import ServerConfig, serve_forever
+
+    _import_plugins(args.imports)
+    for env_id in args.envs:
+        get_env(env_id)  # unknown ids fail here, naming the known ones
+    token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None)
+    token = token or os.environ.get("ROLL_ENV_TOKEN") or None
+    config = ServerConfig(
+        env_ids=tuple(args.envs),
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        session_ttl_s=args.session_ttl,
+        max_action_bytes=args.max_action_bytes,
+        workers=args.workers,
+        drain_seconds=args.drain_seconds,
+        token=token,
+        tls_cert=_read(args.tls_cert),
+        tls_key=_read(args.tls_key),
+        seed=args.seed,
+    )
+
+    def announce(server: object) -> None:
+        line = {
+            "event": "serving",
+            "address": server.address,  # type: ignore[attr-defined]
+            "envs": list(config.env_ids),
+            "server_id": server.table.server_id,  # type: ignore[attr-defined]
+            "pid": os.getpid(),
+            "tls": config.tls_cert is not None,
+        }
+        print(json.dumps(line), flush=True)
+
+    asyncio.run(serve_forever(config, announce=announce))
+    return 0
+
+
+def _import_plugins(modules: list[str]) -> None:
+    import importlib
+
+    for name in modules:
+        importlib.import_module(name)  # registers its envs with @env_servers.register
+
+
+def _describe(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    _import_plugins(args.imports)
+    entry = get_env(args.env)
+    config = entry.make_config(json.loads(args.config) if args.config else {})
+    spec = dataclasses.asdict(entry.describe(config))
+    print(json.dumps(spec, indent=2, default=list))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m env_servers", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve one or more envs over gRPC")
+    serve.add_argument("envs", nargs="+", help=f"env ids to serve (built in: {', '.join(known_env_ids())})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for other hosts")
+    serve.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed on the ready line)")
+    serve.add_argument("--max-sessions", type=int, default=4096, help="capacity; more gives RESOURCE_EXHAUSTED")
+    serve.add_argument("--session-ttl", type=float, default=600.0, help="seconds before an idle session is closed")
+    serve.add_argument("--max-action-bytes", type=int, default=65536, help="larger action texts are refused")
+    serve.add_argument("--workers", type=int, default=4, help="threads running env code")
+    serve.add_argument("--drain-seconds", type=float, default=10.0, help="grace period on SIGTERM")
+    serve.add_argument("--token", help="require 'authorization: Bearer TOKEN' (or set ROLL_ENV_TOKEN)")
+    serve.add_argument("--token-file", help="read the bearer token from a file")
+    serve.add_argument("--tls-cert", help="PEM certificate chain (enables TLS, with --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key")
+    serve.add_argument("--seed", type=int, help="seed for server-drawn episode seeds (unseeded Resets)")
+    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="import a module that registers more envs (repeatable), e.g. --import my_pkg.envs",
+    )
+    serve.set_defaults(func=_serve)
+
+    describe = sub.add_parser("describe", help="print an env's spec as JSON")
+    describe.add_argument("env")
+    describe.add_argument("--config", help='env config as JSON, e.g. \'{"dim_room": [8, 8]}\'')
+    describe.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    describe.set_defaults(func=_describe)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return args.func(args)
+    except (KeyError, ValueError, OSError, ImportError) as exc:
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

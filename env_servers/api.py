@@ -1,0 +1,138 @@
+"""The contract between an environment class and the server runtime.
+
+An env is any class with GEM/Gymnasium text semantics:
+
+    env = MyEnv(config)                       # config: the env's own frozen dataclass
+    obs, info = env.reset(seed, options)      # seed: always an int (the runtime draws one if the client gave none)
+    obs, reward, terminated, truncated, info = env.step(action_text)
+    spec = MyEnv.describe(config)             # an EnvSpec, served by DescribeEnv
+
+Rules the runtime relies on (and the conformance tests check):
+- every instance owns its randomness (a `numpy.random.Generator` / `random.Random` built from the reset seed),
+  never the process-global RNGs, so the same seed gives the same start state whatever else the process runs;
+- a bad LLM reply is a normal step: set ``info["action_valid"] = False`` and apply the env's format penalty,
+  never raise; an exception from `step` is treated as an env crash (the item fails with INTERNAL);
+- ``info["metrics"]`` (name -> float) carries per-step metrics; everything else in ``info`` must be
+  JSON-serialisable and travels as a protobuf Struct.
+
+This module never imports grpc: an env can be written and unit-tested without the transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class ConfigError(ValueError):
+    """An env config that cannot be used; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What a client needs to know to drive an env without reading its code."""
+
+    env_id: str
+    version: str
+    instruction: str
+    action_format: str
+    example_action: str
+    max_steps: int
+    reward_min: float
+    reward_max: float
+    deterministic: bool = True
+    # split name -> number of tasks; 0 means procedurally generated from the seed (unbounded).
+    splits: Mapping[str, int] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+
+
+class TextEnv(Protocol):
+    """Structural type of an env served by `env_servers` (see the module docstring)."""
+
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]: ...
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+
+
+def parse_config(config_cls: type, values: Mapping[str, Any] | None, *, env_id: str) -> Any:
+    """Build ``config_cls`` (a dataclass) from JSON-like ``values``, naming any bad key in the error.
+
+    Lists are accepted for tuple fields (JSON has no tuples); ints are accepted for float fields;
+    protobuf Struct numbers arrive as floats, so integral floats are accepted for int fields.
+    """
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"config.{unknown[0]}: unknown key for env '{env_id}' (known: {', '.join(sorted(fields))})")
+    hints = typing.get_type_hints(config_cls)
+    kwargs = {name: _coerce(hints[name], value, f"config.{name}") for name, value in values.items()}
+    try:
+        return config_cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"env '{env_id}': {exc}") from exc
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(options[0], value, where)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected a boolean, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(hint)
+        item_types = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(item_types) != len(value):
+            raise ConfigError(f"{where}: expected {len(item_types)} items, got {len(value)}")
+        return tuple(_coerce(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(item_types, value, strict=True)))
+    return value
+
+
+def config_schema(config_cls: type) -> str:
+    """A JSON Schema (as text) of a config dataclass: field names, types and defaults."""
+    hints = typing.get_type_hints(config_cls)
+    props: dict[str, Any] = {}
+    for f in dataclasses.fields(config_cls):
+        entry = _json_type(hints[f.name])
+        if f.default is not dataclasses.MISSING:
+            entry["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+        doc = f.metadata.get("doc")
+        if doc:
+            entry["description"] = doc
+        props[f.name] = entry
+    return json.dumps({"type": "object", "additionalProperties": False, "properties": props}, sort_keys=True)
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return {"anyOf": [_json_type(options[0]), {"type": "null"}]}
+    if origin is tuple:
+        return {"type": "array", "items": _json_type(typing.get_args(hint)[0])}
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {"type": names.get(hint, "object")}

@@ -1,0 +1,5 @@
+"""The server runtime: turns registered env classes into an EnvService gRPC server."""
+
+from env_servers.server.app import EnvServer, RunningServer, ServerConfig, serve_forever
+
+__all__ = ["EnvServer", "RunningServer", "ServerConfig", "serve_forever"]

@@ -1,0 +1,219 @@
+"""Assemble and run an env server: EnvService + grpc.health.v1 + reflection, TLS, bearer token, reaper, drain.
+
+`EnvServer` is usable from asyncio code (`await server.start()`), from a plain thread
+(`EnvServer.run_in_thread(...)`, used by tests and benchmarks) and from the CLI (`python -m env_servers serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from env_servers.server.service import EnvService
+from env_servers.server.sessions import SessionTable
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+
+log = logging.getLogger("env_servers")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `python -m env_servers serve` can set; the field docs are the CLI help."""
+
+    env_ids: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port (reported by `EnvServer.port`)
+    max_sessions: int = 4096
+    session_ttl_s: float = 600.0
+    max_action_bytes: int = 65536
+    max_message_bytes: int = 16 * 1024 * 1024
+    workers: int = 4
+    drain_seconds: float = 10.0
+    token: str | None = None
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    seed: int | None = None  # seeds the per-session RNGs that draw seeds for unseeded Resets
+
+    def __post_init__(self) -> None:
+        if not self.env_ids:
+            raise ValueError("env_ids: serve at least one env")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.session_ttl_s <= 0:
+            raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+
+
+class _TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` on EnvService calls (health and reflection stay open)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        if not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        given = given.encode() if isinstance(given, str) else given
+        if hmac.compare_digest(given, self._expected):
+            return await continuation(details)
+        handler = await continuation(details)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        make = grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+        return make(deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+class EnvServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.table = SessionTable(
+            list(config.env_ids),
+            max_sessions=config.max_sessions,
+            session_ttl_s=config.session_ttl_s,
+            seed=config.seed,
+        )
+        self.service = EnvService(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
+        self.health = health_async.HealthServicer()
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Event | None = None  # created on the server's loop in start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        cfg = self.config
+        interceptors = [_TokenInterceptor(cfg.token)] if cfg.token else []
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        pb_grpc.add_EnvServiceServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, NOT_SERVING)  # until the envs have loaded
+        target = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_cert is not None:
+            creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+            self.port = server.add_secure_port(target, creds)
+        else:
+            self.port = server.add_insecure_port(target)
+        if not self.port:
+            raise OSError(f"could not bind {target}")
+        await server.start()
+        self._server = server
+        self._stopped = asyncio.Event()
+        # Loading = building one env of each kind (imports, caches); only then advertise SERVING.
+        await asyncio.get_running_loop().run_in_executor(None, self._warm_up)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, SERVING)
+        self._reaper = asyncio.create_task(self._reap_forever())
+        log.info("serving %s on %s", ",".join(cfg.env_ids), self.address)
+
+    def _warm_up(self) -> None:
+        for entry in self.table.entries.values():
+            entry.make(entry.make_config({}))
+
+    async def _reap_forever(self) -> None:
+        period = min(30.0, max(0.05, self.config.session_ttl_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            closed = self.table.reap_idle()
+            if closed:
+                log.info("closed %d idle sessions", closed)
+
+    async def drain_and_stop(self, grace: float | None = None) -> None:
+        """Graceful drain: NOT_SERVING, refuse new sessions/episodes, let in-flight calls finish, stop."""
+        if self._server is None:
+            return
+        self.service.draining = True
+        await self.health.enter_graceful_shutdown()
+        if self._reaper:
+            self._reaper.cancel()
+        await self._server.stop(self.config.drain_seconds if grace is None else grace)
+        self.service.pool.shutdown(wait=False, cancel_futures=True)
+        self._server = None
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @classmethod
+    def run_in_thread(cls, config: ServerConfig) -> RunningServer:
+        """Start a server on a private event loop in a daemon thread (tests, benchmarks, notebooks)."""
+        server = cls(config)
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(server.start())
+            except BaseException as exc:  # surface bind errors to the caller
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_until_complete(server.wait_stopped())
+
+        thread = threading.Thread(target=main, name=f"env-server-{config.port}", daemon=True)
+        thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return RunningServer(server, loop, thread)
+
+
+@dataclass
+class RunningServer:
+    server: EnvServer
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def stop(self, grace: float = 0.5) -> None:
+        if self.thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self.server.drain_and_stop(grace), self.loop).result(timeout=grace + 10)
+            self.thread.join(timeout=10)
+
+
+async def serve_forever(config: ServerConfig, *, announce: Any = None) -> None:
+    """Run until SIGTERM/SIGINT, then drain gracefully (the CLI's main loop)."""
+    server = EnvServer(config)
+    await server.start()
+    if announce:
+        announce(server)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining (up to %.1fs)", config.drain_seconds)
+    await server.drain_and_stop()

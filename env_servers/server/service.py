@@ -1,0 +1,161 @@
+"""The EnvService gRPC handlers (grpc.aio): unary, batched and streamed access to a `SessionTable`.
+
+Env code runs on a thread pool, never on the event loop, so a slow Reset (level generation) cannot stall
+health checks or other sessions. A batch runs as one job on the pool (one thread hop per batch, not per
+item), and deadlines are honoured item by item: an item whose deadline has passed before it starts is
+answered DEADLINE_EXCEEDED without touching the env, so a retry runs it exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+
+from env_servers.server.sessions import OK, ProtocolError, SessionTable
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+
+PROTOCOL_VERSION = "v1"
+IMPLEMENTATION = "env_servers-python/0.1.0"
+T = TypeVar("T")
+
+
+class EnvService(pb_grpc.EnvServiceServicer):
+    def __init__(self, table: SessionTable, *, max_action_bytes: int, workers: int) -> None:
+        self.table = table
+        self.max_action_bytes = max_action_bytes
+        self.draining = False
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env")
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the pool and turn a ProtocolError into the RPC's status."""
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the call started")
+        try:
+            # shield: if the client gives up, the work still finishes and is replayable by request_id.
+            return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.pool, fn))
+        except ProtocolError as err:
+            await context.abort(err.code, err.message)
+        raise AssertionError("unreachable")
+
+    def _refuse_new_work(self) -> None:
+        if self.draining:
+            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, "server is draining (shutting down); use another server")
+
+    def _reset_item(self, req: pb.ResetRequest) -> pb.ResetResult:
+        self._refuse_new_work()
+        return self.table.run(req.session_id, lambda s: s.reset(req))
+
+    def _step_item(self, req: pb.StepRequest) -> pb.StepResult:
+        return self.table.run(req.session_id, lambda s: s.step(req, self.max_action_bytes))
+
+    def _batch(self, items: Any, run: Callable[[Any], Any], failed: Callable[..., Any], deadline: float | None):
+        results = []
+        for req in items:
+            if deadline is not None and time.monotonic() >= deadline:
+                err = ProtocolError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before this item ran")
+                results.append(failed(status=err.status(), session_id=req.session_id))
+                continue
+            try:
+                results.append(run(req))
+            except ProtocolError as err:
+                results.append(failed(status=err.status(), session_id=req.session_id))
+        return results
+
+    @staticmethod
+    def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+        remaining = context.time_remaining()
+        return None if remaining is None else time.monotonic() + remaining
+
+    # -- RPCs ----------------------------------------------------------------------------------------
+
+    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: Any) -> pb.ServerInfo:
+        return pb.ServerInfo(
+            protocol_version=PROTOCOL_VERSION,
+            server_id=self.table.server_id,
+            env_ids=self.table.env_ids,
+            max_sessions=self.table.max_sessions,
+            active_sessions=len(self.table),
+            draining=self.draining,
+            max_action_bytes=self.max_action_bytes,
+            session_ttl_s=self.table.session_ttl_s,
+            implementation=IMPLEMENTATION,
+            capabilities=["batch", "stream", "idempotent-retry"],
+        )
+
+    async def DescribeEnv(self, request: pb.DescribeEnvRequest, context: Any) -> pb.EnvSpec:
+        return await self._call(context, lambda: self.table.describe(request.env_id, request.config))
+
+    async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:
+        def create() -> pb.CreateSessionResponse:
+            self._refuse_new_work()
+            return self.table.create(request)
+
+        return await self._call(context, create)
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
+        return pb.CloseSessionResponse(existed=await self._call(context, lambda: self.table.close(request.session_id)))
+
+    async def Reset(self, request: pb.ResetRequest, context: Any) -> pb.ResetResult:
+        return await self._call(context, lambda: self._reset_item(request))
+
+    async def Step(self, request: pb.StepRequest, context: Any) -> pb.StepResult:
+        return await self._call(context, lambda: self._step_item(request))
+
+    async def BatchReset(self, request: pb.BatchResetRequest, context: Any) -> pb.BatchResetResponse:
+        deadline = self._deadline(context)
+        items = await self._call(
+            context, lambda: self._batch(request.items, self._reset_item, pb.ResetResult, deadline)
+        )
+        return pb.BatchResetResponse(items=items)
+
+    async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:
+        deadline = self._deadline(context)
+        items = await self._call(context, lambda: self._batch(request.items, self._step_item, pb.StepResult, deadline))
+        return pb.BatchStepResponse(items=items)
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any
+    ) -> AsyncIterator[pb.StreamResponse]:
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[pb.StreamResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Future[Any]] = set()
+
+        def answer(req: pb.StreamRequest) -> pb.StreamResponse:
+            kind = req.WhichOneof("request")
+            if kind == "reset":
+                result = self._batch([req.reset], self._reset_item, pb.ResetResult, None)[0]
+                return pb.StreamResponse(tag=req.tag, reset=result)
+            if kind == "step":
+                result = self._batch([req.step], self._step_item, pb.StepResult, None)[0]
+                return pb.StreamResponse(tag=req.tag, step=result)
+            status = pb.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="request: set reset or step")
+            return pb.StreamResponse(tag=req.tag, step=pb.StepResult(status=status))
+
+        async def read() -> None:
+            async for req in request_iterator:
+                fut = loop.run_in_executor(self.pool, answer, req)
+                pending.add(fut)
+                fut.add_done_callback(lambda f: (pending.discard(f), out.put_nowait(f.result())))
+            if pending:
+                await asyncio.gather(*list(pending), return_exceptions=True)
+            await asyncio.sleep(0)  # let the last done-callbacks enqueue
+            out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+
+
+__all__ = ["EnvService", "OK", "PROTOCOL_VERSION"]

@@ -1,0 +1,320 @@
+"""Sessions and the episode state machine: ids, step ordering, idempotent replay, capacity, idle reaping.
+
+This module owns the protocol's *rules*; `service.py` owns the transport. Every function here is
+synchronous and runs on a worker thread (env calls can take milliseconds to seconds); a per-session lock
+serialises calls to one session, so two retries racing each other still see a consistent state.
+
+Rules (see protos/roll_lightning/env/v1/env.proto):
+- Reset/Step/CreateSession carry a client request_id; the same request_id on the latest call of its kind
+  replays the cached answer instead of running the env again.
+- Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
+- An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from env_servers.api import ConfigError, EnvSpec, TextEnv
+from env_servers.registry import EnvEntry, get_env
+from roll_lightning.env.v1 import env_pb2 as pb
+
+OK = grpc.StatusCode.OK.value[0]
+
+
+class ProtocolError(Exception):
+    """A refused request: carries the gRPC status code and a message naming what is wrong."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def status(self) -> pb.Status:
+        return pb.Status(code=self.code.value[0], message=self.message)
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
+    from env_servers.api import config_schema
+
+    msg = pb.EnvSpec(
+        env_id=spec.env_id,
+        version=spec.version,
+        instruction=spec.instruction,
+        action_format=spec.action_format,
+        example_action=spec.example_action,
+        max_steps=spec.max_steps,
+        reward_min=spec.reward_min,
+        reward_max=spec.reward_max,
+        deterministic=spec.deterministic,
+        splits=dict(spec.splits),
+        config_schema=config_schema(entry.config_cls),
+        metrics=list(spec.metrics),
+    )
+    msg.config.update(_jsonable(config_as_dict(config)))
+    return msg
+
+
+def config_as_dict(config: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@dataclass(eq=False)
+class Session:
+    session_id: str
+    entry: EnvEntry
+    config: Any
+    env: TextEnv
+    spec: EnvSpec
+    rng: np.random.Generator
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: int = 0  # calls in flight; a busy session is never reaped
+    episode_id: str | None = None
+    steps_taken: int = 0
+    done: str = ""  # "", "terminated", "truncated" or "aborted"
+    last_reset: tuple[str, pb.ResetResult] | None = None
+    last_step: tuple[str, int, pb.StepResult] | None = None
+
+    def reset(self, req: pb.ResetRequest) -> pb.ResetResult:
+        if not req.request_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        if self.last_reset and self.last_reset[0] == req.request_id:
+            if self.steps_taken == 0 and self.last_reset[1].episode_id == self.episode_id:
+                return self.last_reset[1]
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"request_id '{req.request_id}' is a stale Reset: episode {self.episode_id} has moved on",
+            )
+        seed = req.seed if req.HasField("seed") else int(self.rng.integers(0, 2**63))
+        options = json_format.MessageToDict(req.options) if req.HasField("options") else None
+        self.episode_id, self.steps_taken, self.done, self.last_step = None, 0, "", None
+        try:
+            obs, info = self.env.reset(seed, options)
+            result = pb.ResetResult(
+                status=pb.Status(code=OK), session_id=self.session_id, seed=seed, observation=_check_obs(obs)
+            )
+            if info:
+                result.info.update(_jsonable(info))
+        except ProtocolError:
+            raise
+        except Exception as exc:  # the env's own bug: fail this item, keep serving
+            raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{self.spec.env_id}' reset raised {exc!r}") from exc
+        self.episode_id = result.episode_id = _new_id("ep")
+        self.last_reset = (req.request_id, result)
+        return result
+
+    def step(self, req: pb.StepRequest, max_action_bytes: int) -> pb.StepResult:
+        if not req.request_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        if not req.episode_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "episode_id is required")
+        size = len(req.action.text.encode("utf-8"))
+        if size > max_action_bytes:
+            raise ProtocolError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"action.text is {size} bytes; this server accepts {max_action_bytes}"
+            )
+        last = self.last_step
+        if last and last[0] == req.request_id and req.episode_id == self.episode_id:
+            if last[1] == req.step_index:
+                return last[2]
+        if self.episode_id is None:
+            raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION, "no episode in progress: call Reset first")
+        if req.episode_id != self.episode_id:
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"episode_id '{req.episode_id}' is not the current episode '{self.episode_id}'",
+            )
+        if self.done:
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"episode {self.episode_id} is over ({self.done} after {self.steps_taken} steps): call Reset",
+            )
+        if req.step_index != self.steps_taken:
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"step_index={req.step_index} but the next step of episode {self.episode_id} is {self.steps_taken}",
+            )
+        start = time.perf_counter()
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(req.action.text)
+            reward = float(reward)
+            if not math.isfinite(reward):
+                raise ValueError(f"non-finite reward {reward}")
+            info = dict(info or {})
+            metrics = info.pop("metrics", None) or {}
+            result = pb.StepResult(
+                status=pb.Status(code=OK),
+                session_id=self.session_id,
+                episode_id=self.episode_id,
+                step_index=req.step_index,
+                observation=_check_obs(obs),
+                reward=reward,
+                terminated=bool(terminated),
+                truncated=bool(truncated),
+                action_valid=bool(info.pop("action_valid", True)),
+                env_seconds=time.perf_counter() - start,
+            )
+            if metrics:
+                result.metrics.update({str(k): float(v) for k, v in metrics.items()})
+            if info:
+                result.info.update(_jsonable(info))
+        except Exception as exc:
+            self.done = "aborted"
+            raise ProtocolError(
+                grpc.StatusCode.INTERNAL, f"env '{self.spec.env_id}' step {req.step_index} raised {exc!r}"
+            ) from exc
+        self.steps_taken += 1
+        self.done = "terminated" if result.terminated else "truncated" if result.truncated else ""
+        self.last_step = (req.request_id, req.step_index, result)
+        return result
+
+
+def _check_obs(obs: Any) -> str:
+    if not isinstance(obs, str):
+        raise TypeError(f"observation must be str, got {type(obs).__name__}")
+    return obs
+
+
+class SessionTable:
+    """All sessions of one server process, with capacity, idempotent creation and idle reaping."""
+
+    def __init__(self, env_ids: list[str], *, max_sessions: int, session_ttl_s: float, seed: int | None = None):
+        self.env_ids = list(env_ids)
+        self.entries = {env_id: get_env(env_id) for env_id in env_ids}
+        self.max_sessions = max_sessions
+        self.session_ttl_s = session_ttl_s
+        self.server_id = secrets.token_hex(4)
+        self._sessions: dict[str, Session] = {}
+        self._created: OrderedDict[str, pb.CreateSessionResponse] = OrderedDict()
+        self._lock = threading.Lock()
+        self._seeds = np.random.SeedSequence(seed)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def entry(self, env_id: str) -> EnvEntry:
+        if not env_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "env_id is required")
+        if env_id not in self.entries:
+            raise ProtocolError(
+                grpc.StatusCode.NOT_FOUND, f"env_id '{env_id}' is not served here (served: {', '.join(self.env_ids)})"
+            )
+        return self.entries[env_id]
+
+    def describe(self, env_id: str, config_struct: Any) -> pb.EnvSpec:
+        entry = self.entry(env_id)
+        config = self._config(entry, config_struct)
+        return spec_to_proto(entry.describe(config), entry, config)
+
+    @staticmethod
+    def _config(entry: EnvEntry, config_struct: Any) -> Any:
+        try:
+            return entry.make_config(json_format.MessageToDict(config_struct))
+        except ConfigError as exc:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+
+    def create(self, req: pb.CreateSessionRequest) -> pb.CreateSessionResponse:
+        if not req.request_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        with self._lock:
+            if req.request_id in self._created:
+                return self._created[req.request_id]
+        entry = self.entry(req.env_id)
+        config = self._config(entry, req.config)
+        with self._lock:
+            if len(self._sessions) >= self.max_sessions:
+                raise ProtocolError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"server {self.server_id} is full ({self.max_sessions} sessions); close sessions or add servers",
+                )
+            session_id = _new_id(f"s{self.server_id}")
+            rng = np.random.default_rng(self._seeds.spawn(1)[0])
+        try:
+            env, spec = entry.make(config), entry.describe(config)
+        except Exception as exc:
+            raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{req.env_id}' failed to start: {exc!r}") from exc
+        session = Session(session_id, entry, config, env, spec, rng)
+        response = pb.CreateSessionResponse(session_id=session_id, spec=spec_to_proto(spec, entry, config))
+        with self._lock:
+            self._sessions[session_id] = session
+            self._created[req.request_id] = response
+            while len(self._created) > 4 * self.max_sessions:
+                self._created.popitem(last=False)
+        return response
+
+    def get(self, session_id: str) -> Session:
+        if not session_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ProtocolError(grpc.StatusCode.NOT_FOUND, f"session '{session_id}' is unknown or expired")
+        return session
+
+    def close(self, session_id: str) -> bool:
+        if not session_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        _close_env(session)
+        return session is not None
+
+    def run(self, session_id: str, fn: Any) -> Any:
+        """Run ``fn(session)`` holding the session's lock; the session is not reaped meanwhile."""
+        session = self.get(session_id)
+        with self._lock:
+            session.busy += 1
+        try:
+            with session.lock:
+                return fn(session)
+        finally:
+            session.last_used = time.monotonic()
+            with self._lock:
+                session.busy -= 1
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Close sessions unused for longer than the TTL; returns how many were closed."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [
+                sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s
+            ]
+            removed = [self._sessions.pop(sid) for sid in stale]
+        for session in removed:
+            _close_env(session)
+        return len(removed)
+
+
+def _close_env(session: Session | None) -> None:
+    close = getattr(session.env, "close", None) if session else None
+    if callable(close):
+        try:
+            close()
+        except Exception:  # a failing close must not take the server down
+            pass

@@ -1,0 +1,213 @@
+"""`EnvClient`: one env server endpoint, over grpc.aio, with deadlines on every call.
+
+Every call has a deadline. Calls that carry a request_id (CreateSession, Reset, Step and their batches) are
+retried on UNAVAILABLE with backoff until that deadline, with the same request_id, so the server replays rather
+than repeats them; everything else fails at once. Failures surface as `EpisodeFailed`, never as a hang.
+
+Three transports for Reset/Step, chosen per call by the caller (`EnvPool` batches by default):
+unary (`reset`/`step`), batched (`batch_reset`/`batch_step`) and one multiplexed bidi stream (`stream_call`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.envs.errors import RETRYABLE, EpisodeFailed
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
+T = TypeVar("T")
+
+
+class EnvClient:
+    """A connection to one env server (``host:port``)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        tls_root_cert: bytes | None = None,
+        tls_server_name: str | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.address = address
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.enable_retries", 0),  # retries are ours: only idempotent calls, only until the deadline
+        ]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_root_cert is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
+            self.channel = grpc.aio.secure_channel(address, creds, options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.stub = pb_grpc.EnvServiceStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._stream: _StreamMux | None = None
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        await self.channel.close()
+
+    # -- plumbing ------------------------------------------------------------------------------------
+
+    def _failed(self, err: grpc.aio.AioRpcError, session_id: str = "") -> EpisodeFailed:
+        return EpisodeFailed(err.code(), err.details() or "", endpoint=self.address, session_id=session_id)
+
+    async def _retrying(self, attempt: Callable[[float], Awaitable[T]], timeout: float, session_id: str = "") -> T:
+        """Run ``attempt(remaining_seconds)`` until it succeeds, fails for good, or the deadline passes."""
+        deadline = time.monotonic() + timeout
+        backoff = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise EpisodeFailed(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no answer within {timeout:.1f}s",
+                    endpoint=self.address,
+                    session_id=session_id,
+                )
+            try:
+                return await attempt(remaining)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in RETRYABLE:
+                    raise self._failed(err, session_id) from err
+                await asyncio.sleep(min(backoff * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, 1.0)
+
+    async def _once(self, method: Any, request: Any, timeout: float, session_id: str = "") -> Any:
+        try:
+            return await method(request, timeout=timeout, metadata=self.metadata)
+        except grpc.aio.AioRpcError as err:
+            raise self._failed(err, session_id) from err
+
+    # -- calls ---------------------------------------------------------------------------------------
+
+    async def health(self, timeout: float = 2.0) -> int:
+        """The grpc.health.v1 status of the env service (raises `EpisodeFailed` when unreachable)."""
+        reply = await self._once(
+            self.health_stub.Check, health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout
+        )
+        return reply.status
+
+    async def server_info(self, timeout: float = 5.0) -> pb.ServerInfo:
+        return await self._once(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+
+    async def describe(self, env_id: str, config: dict[str, Any] | None = None, timeout: float = 10.0) -> pb.EnvSpec:
+        request = pb.DescribeEnvRequest(env_id=env_id)
+        if config:
+            request.config.update(config)
+        return await self._once(self.stub.DescribeEnv, request, timeout)
+
+    async def create_session(self, request: pb.CreateSessionRequest, timeout: float) -> pb.CreateSessionResponse:
+        return await self._retrying(
+            lambda t: self.stub.CreateSession(request, timeout=t, metadata=self.metadata), timeout
+        )
+
+    async def close_session(self, session_id: str, timeout: float = 5.0) -> bool:
+        reply = await self._once(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), timeout)
+        return reply.existed
+
+    async def reset(self, request: pb.ResetRequest, timeout: float) -> pb.ResetResult:
+        return await self._retrying(
+            lambda t: self.stub.Reset(request, timeout=t, metadata=self.metadata), timeout, request.session_id
+        )
+
+    async def step(self, request: pb.StepRequest, timeout: float) -> pb.StepResult:
+        return await self._retrying(
+            lambda t: self.stub.Step(request, timeout=t, metadata=self.metadata), timeout, request.session_id
+        )
+
+    async def batch_reset(self, items: Sequence[pb.ResetRequest], timeout: float) -> list[pb.ResetResult]:
+        request = pb.BatchResetRequest(items=items)
+        reply = await self._retrying(lambda t: self.stub.BatchReset(request, timeout=t, metadata=self.metadata), timeout)
+        return list(reply.items)
+
+    async def batch_step(self, items: Sequence[pb.StepRequest], timeout: float) -> list[pb.StepResult]:
+        request = pb.BatchStepRequest(items=items)
+        reply = await self._retrying(lambda t: self.stub.BatchStep(request, timeout=t, metadata=self.metadata), timeout)
+        return list(reply.items)
+
+    async def stream_call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
+        """Send one Reset/Step over this endpoint's shared bidi stream; returns the item result."""
+
+        async def attempt(remaining: float) -> Any:
+            if self._stream is None or self._stream.broken:
+                self._stream = _StreamMux(self)
+            return await self._stream.call(request, remaining)
+
+        return await self._retrying(attempt, timeout, request.session_id)
+
+
+class _StreamMux:
+    """One long-lived Stream RPC shared by many episodes; answers are matched to callers by tag."""
+
+    def __init__(self, client: EnvClient) -> None:
+        self._outbox: asyncio.Queue[pb.StreamRequest | None] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._tags = itertools.count(1)
+        self.broken = False
+        self._call = client.stub.Stream(self._requests(), metadata=client.metadata)
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _requests(self) -> Any:
+        while (item := await self._outbox.get()) is not None:
+            yield item
+
+    async def _read(self) -> None:
+        try:
+            async for response in self._call:
+                fut = self._pending.pop(response.tag, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(getattr(response, response.WhichOneof("result")))
+            error: BaseException = grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream ended"
+            )
+        except grpc.aio.AioRpcError as err:
+            error = err
+        except asyncio.CancelledError:
+            error = grpc.aio.AioRpcError(
+                grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream closed"
+            )
+        self.broken = True
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._pending.clear()
+
+    async def call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
+        if self.broken:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream broken")
+        tag = next(self._tags)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[tag] = fut
+        kind = "reset" if isinstance(request, pb.ResetRequest) else "step"
+        self._outbox.put_nowait(pb.StreamRequest(tag=tag, **{kind: request}))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            self._pending.pop(tag, None)
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no answer on the stream"
+            ) from None
+
+    def close(self) -> None:
+        self._outbox.put_nowait(None)
+        self._call.cancel()
+        self._reader.cancel()

@@ -1,0 +1,57 @@
+"""The one exception the rollout has to handle from the env client.
+
+An env *refusing a bad LLM reply* is not an error (it is a normal step with ``action_valid=False``).
+`EpisodeFailed` means the episode cannot go on: the server is gone or unreachable, the deadline passed, the
+env crashed, or the request was refused. The rollout retries the episode on a fresh session with the same seed
+and drops the whole group when retries run out; it never trains on a partial episode.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+# Codes after which the same request may be sent again (the server replays it by request_id).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+class EpisodeFailed(Exception):
+    """An env call failed for good (after any retries); the episode must be abandoned.
+
+    Attributes: ``code`` (a `grpc.StatusCode`), ``endpoint`` (``host:port``), ``session_id`` (may be empty)
+    and ``detail`` (the server's or transport's message).
+    """
+
+    def __init__(self, code: grpc.StatusCode, detail: str, *, endpoint: str = "", session_id: str = "") -> None:
+        self.code = code
+        self.detail = detail
+        self.endpoint = endpoint
+        self.session_id = session_id
+        where = f" [{endpoint}{' ' + session_id if session_id else ''}]" if endpoint else ""
+        super().__init__(f"{code.name}: {detail}{where}")
+
+    @property
+    def infrastructure(self) -> bool:
+        """True when the fault is the server's or the network's, not the request's."""
+        return self.code in {
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.INTERNAL,
+            grpc.StatusCode.NOT_FOUND,  # an expired session: the server restarted or reaped it
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.CANCELLED,
+        }
+
+
+class NoEndpointAvailable(EpisodeFailed):
+    """No endpoint can take a new session: every one is full, draining, or ejected as unhealthy."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, detail)
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The `grpc.StatusCode` for a numeric code carried in a per-item Status."""
+    for code in grpc.StatusCode:
+        if code.value[0] == number:
+            return code
+    return grpc.StatusCode.UNKNOWN

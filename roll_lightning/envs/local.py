@@ -1,0 +1,85 @@
+"""Launch env servers as child processes on this machine (`EnvPool(endpoints="local")`).
+
+Each child runs `python -m env_servers serve ... --port 0` and announces its address on one JSON line. The
+children get SIGTERM when the launcher exits (even by a crash: Linux parent-death signal), so a dead trainer
+never leaves servers behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: the launcher's close() still stops the child
+        pass
+
+
+@dataclass
+class LocalServer:
+    process: subprocess.Popen[str]
+    address: str
+    server_id: str
+    log_path: str  # the server's stderr (its log), kept in a file so a chatty server never blocks on a pipe
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (graceful drain), then SIGKILL after ``timeout``; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def launch_local_server(
+    env_ids: Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
+    ready_timeout_s: float = 60.0,
+) -> LocalServer:
+    """Start one server process and wait for its ready line; raises RuntimeError with its stderr on failure."""
+    if not env_ids:
+        raise ValueError("env_ids: name at least one env for the local server to serve")
+    cmd = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", "0", *extra_args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = tempfile.NamedTemporaryFile("w+", prefix="env-server-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("{"):
+                info = json.loads(line)
+                return LocalServer(proc, info["address"], info["server_id"], log.name)
+        if proc.poll() is not None:
+            break
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+        problem = f"did not report ready within {ready_timeout_s:.0f}s"
+    else:
+        problem = f"exited with code {proc.returncode}"
+    log.seek(0)
+    raise RuntimeError(f"local env server ({' '.join(cmd)}) {problem}:\n{log.read()[-2000:]}")

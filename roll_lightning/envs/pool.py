@@ -1,0 +1,314 @@
+"""`EnvPool`: many env server endpoints behind one async API, for the rollout.
+
+    async with EnvPool(["10.0.0.2:50051", "10.0.0.3:50051"]) as pool:    # or EnvPool("local", local_envs=[...])
+        session = await pool.open("sokoban", {"dim_room": [6, 6]})
+        first = await session.reset(seed=17)
+        result = await session.step("<answer>Left</answer>")
+
+What it owns:
+- placement: a new session goes to the healthy endpoint with the most free capacity (the server's reported
+  `max_sessions - active_sessions`, minus what this pool placed since); sessions are sticky to their endpoint;
+- health: each endpoint is checked every `health_interval_s` (grpc.health.v1, short deadline); after
+  `eject_after` failures in a row it is ejected: no new sessions, and calls waiting on it fail at once with
+  `EpisodeFailed` instead of running out their deadline; it is readmitted when it answers SERVING again;
+- batching: concurrent steps (and resets) bound for one endpoint travel in one BatchStep call (adaptive: what
+  arrives while earlier batches are in flight joins the next), so 64 episodes cost one RPC per turn, not 64;
+- deadlines on every call, retries only for idempotent calls (same request_id, the server replays).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.envs.client import EnvClient
+from roll_lightning.envs.errors import EpisodeFailed, NoEndpointAvailable, status_code
+from roll_lightning.envs.local import LocalServer, launch_local_server
+from roll_lightning.envs.session import EnvSession, new_request_id
+
+log = logging.getLogger("roll_lightning.envs")
+Transport = Literal["batch", "stream", "unary"]
+
+
+@dataclass(eq=False)
+class Endpoint:
+    address: str
+    client: EnvClient
+    capacity: int = 0
+    active: int = 0  # as last reported by the server, plus sessions placed since
+    accepting: bool = False  # health SERVING and not draining
+    ejected: bool = False
+    failures: int = 0
+    waiting: set[asyncio.Future[Any]] = field(default_factory=set)
+    # kind -> [(request, future, absolute deadline)] waiting for the next batch
+    queues: dict[str, list[tuple[Any, asyncio.Future[Any], float]]] = field(
+        default_factory=lambda: {"reset": [], "step": []}
+    )
+    wakeups: dict[str, asyncio.Event] = field(default_factory=lambda: {"reset": asyncio.Event(), "step": asyncio.Event()})
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.active
+
+
+class EnvPool:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] = "local",
+        *,
+        local_envs: Sequence[str] = (),
+        local_servers: int = 1,
+        local_args: Sequence[str] = (),
+        token: str | None = None,
+        tls_root_cert: bytes | None = None,
+        tls_server_name: str | None = None,
+        transport: Transport = "batch",
+        call_timeout_s: float = 30.0,
+        reset_timeout_s: float = 120.0,
+        health_interval_s: float = 1.0,
+        health_timeout_s: float = 1.0,
+        eject_after: int = 2,
+        max_batch: int = 256,
+        max_inflight_batches: int = 4,
+    ) -> None:
+        """
+        Args:
+            endpoints: ``"local"`` (spawn `local_servers` server processes for `local_envs`) or ``host:port`` list.
+            transport: how Reset/Step travel: ``batch`` (default; concurrent calls share one RPC), ``stream``
+                (one multiplexed bidi stream per endpoint) or ``unary`` (one RPC per call).
+            call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
+            eject_after: failed health checks in a row before an endpoint is ejected.
+        """
+        if isinstance(endpoints, str) and endpoints != "local":
+            endpoints = [endpoints]
+        if endpoints == "local" and not local_envs:
+            raise ValueError("endpoints='local' needs local_envs: the env ids the local servers should serve")
+        if not isinstance(endpoints, str) and not endpoints:
+            raise ValueError("endpoints: give 'local' or at least one host:port")
+        for address in [] if isinstance(endpoints, str) else endpoints:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"endpoints: '{address}' is not host:port")
+        if transport not in ("batch", "stream", "unary"):
+            raise ValueError(f"transport must be batch, stream or unary, got {transport!r}")
+        self._addresses = endpoints
+        self._local_envs, self._local_servers, self._local_args = list(local_envs), local_servers, list(local_args)
+        self._client_kwargs = {"token": token, "tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}
+        self.transport: Transport = transport
+        self.call_timeout_s, self.reset_timeout_s = call_timeout_s, reset_timeout_s
+        self.health_interval_s, self.health_timeout_s, self.eject_after = health_interval_s, health_timeout_s, eject_after
+        self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
+        self.endpoints: list[Endpoint] = []
+        self.local: list[LocalServer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stats = {"ejections": 0, "readmissions": 0, "batches": 0, "batched_items": 0}
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> EnvPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._addresses == "local":
+            loop = asyncio.get_running_loop()
+            launches = [
+                loop.run_in_executor(None, lambda: launch_local_server(self._local_envs, extra_args=self._local_args))
+                for _ in range(self._local_servers)
+            ]
+            self.local = list(await asyncio.gather(*launches))
+            addresses = [server.address for server in self.local]
+        else:
+            addresses = list(self._addresses)
+        self.endpoints = [Endpoint(a, EnvClient(a, **self._client_kwargs)) for a in addresses]
+        await asyncio.gather(*(self._check(ep) for ep in self.endpoints))
+        if not any(ep.accepting for ep in self.endpoints):
+            await self.close()
+            raise NoEndpointAvailable(f"no env endpoint is reachable and serving: {', '.join(addresses)}")
+        for ep in self.endpoints:
+            self._tasks.append(asyncio.create_task(self._watch(ep)))
+            for kind in ("reset", "step"):
+                self._tasks.append(asyncio.create_task(self._flush_forever(ep, kind)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await asyncio.gather(*(ep.client.close() for ep in self.endpoints), return_exceptions=True)
+        if self.local:
+            await asyncio.get_running_loop().run_in_executor(None, lambda: [s.stop() for s in self.local])
+            self.local = []
+
+    # -- health and placement ------------------------------------------------------------------------
+
+    async def _check(self, ep: Endpoint) -> None:
+        try:
+            status = await ep.client.health(self.health_timeout_s)
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                info = await ep.client.server_info(self.health_timeout_s)
+                ep.capacity, ep.active = info.max_sessions, info.active_sessions
+                ep.accepting = not info.draining
+            else:
+                ep.accepting = False
+            if ep.ejected:
+                log.warning("env endpoint %s is back; readmitting it", ep.address)
+                ep.ejected = False
+                self.stats["readmissions"] += 1
+            ep.failures = 0
+        except EpisodeFailed as err:
+            ep.failures += 1
+            ep.accepting = False
+            if ep.failures >= self.eject_after and not ep.ejected:
+                self._eject(ep, err)
+
+    def _eject(self, ep: Endpoint, err: EpisodeFailed) -> None:
+        log.warning("ejecting env endpoint %s after %d failed health checks: %s", ep.address, ep.failures, err)
+        ep.ejected = True
+        self.stats["ejections"] += 1
+        failure = EpisodeFailed(grpc.StatusCode.UNAVAILABLE, f"endpoint ejected as unhealthy ({err.detail})", endpoint=ep.address)
+        for fut in list(ep.waiting):
+            if not fut.done():
+                fut.set_exception(failure)
+
+    async def _watch(self, ep: Endpoint) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self._check(ep)
+
+    def healthy_endpoints(self) -> list[str]:
+        return [ep.address for ep in self.endpoints if ep.accepting and not ep.ejected]
+
+    async def open(self, env_id: str, config: dict[str, Any] | None = None, *, tag: str = "") -> EnvSession:
+        """Create a session for ``env_id`` on the endpoint with the most free capacity."""
+        request = pb.CreateSessionRequest(env_id=env_id, request_id=new_request_id(), client_tag=tag)
+        if config:
+            request.config.update(config)
+        tried: list[str] = []
+        while True:
+            candidates = [ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0]
+            candidates = [ep for ep in candidates if ep.address not in tried]
+            if not candidates:
+                raise NoEndpointAvailable(
+                    f"no endpoint can take a '{env_id}' session (tried: {', '.join(tried) or 'none'}; "
+                    f"healthy: {', '.join(self.healthy_endpoints()) or 'none'})"
+                )
+            ep = max(candidates, key=lambda e: e.free)
+            ep.active += 1
+            try:
+                reply = await self._await(ep, ep.client.create_session(request, self.call_timeout_s))
+            except EpisodeFailed as err:
+                ep.active -= 1
+                if err.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+                    raise  # a bad env id or config fails the same way everywhere
+                if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    ep.capacity = ep.active
+                tried.append(ep.address)
+                continue
+            return EnvSession(self, ep, reply.session_id, reply.spec)
+
+    async def _await(self, ep: Endpoint, coro: Any) -> Any:
+        """Await ``coro`` for ``ep``, failing at once if the endpoint is (or gets) ejected."""
+        if ep.ejected:
+            coro.close()
+            raise EpisodeFailed(grpc.StatusCode.UNAVAILABLE, "endpoint is ejected as unhealthy", endpoint=ep.address)
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(coro)
+
+        def deliver(done: asyncio.Future[Any]) -> None:
+            if outcome.done():
+                return
+            if done.cancelled():
+                outcome.cancel()
+            elif done.exception() is not None:
+                outcome.set_exception(done.exception())
+            else:
+                outcome.set_result(done.result())
+
+        task.add_done_callback(deliver)
+        ep.waiting.add(outcome)
+        try:
+            return await outcome
+        finally:
+            ep.waiting.discard(outcome)
+            task.cancel()
+
+    # -- transports ----------------------------------------------------------------------------------
+
+    async def call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
+        """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises."""
+        if self.transport == "batch":
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            ep.queues[kind].append((request, fut, time.monotonic() + timeout))
+            ep.wakeups[kind].set()
+            try:
+                result = await self._await(ep, asyncio.wait_for(fut, timeout))
+            except TimeoutError:
+                raise EpisodeFailed(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"no answer within {timeout:.1f}s",
+                    endpoint=ep.address,
+                    session_id=request.session_id,
+                ) from None
+        elif self.transport == "stream":
+            result = await self._await(ep, ep.client.stream_call(request, timeout))
+        else:
+            method = ep.client.reset if kind == "reset" else ep.client.step
+            result = await self._await(ep, method(request, timeout))
+        if result.status.code != 0:
+            raise EpisodeFailed(
+                status_code(result.status.code), result.status.message, endpoint=ep.address, session_id=request.session_id
+            )
+        return result
+
+    async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
+        inflight = asyncio.Semaphore(self.max_inflight_batches)
+        send = ep.client.batch_reset if kind == "reset" else ep.client.batch_step
+        queue, wakeup = ep.queues[kind], ep.wakeups[kind]
+        while True:
+            await wakeup.wait()
+            await inflight.acquire()  # while earlier batches are out, new calls pile up and join the next one
+            await asyncio.sleep(0)
+            batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
+            del queue[: self.max_batch]
+            if not queue:
+                wakeup.clear()
+            if not batch:
+                inflight.release()
+                continue
+            self.stats["batches"] += 1
+            self.stats["batched_items"] += len(batch)
+            timeout = max(0.001, min(deadline for _, _, deadline in batch) - time.monotonic())
+            self._tasks.append(asyncio.create_task(self._send_batch(send, batch, timeout, inflight)))
+            self._tasks = [t for t in self._tasks if not t.done()]
+
+    @staticmethod
+    async def _send_batch(send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any) -> None:
+        try:
+            results = await send([req for req, _, _ in batch], timeout)
+            for (_, fut, _), result in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
+        except BaseException as err:  # every caller gets an answer, whatever went wrong (never a hang)
+            for req, fut, _ in batch:
+                if fut.done():
+                    continue
+                if isinstance(err, EpisodeFailed):
+                    fut.set_exception(EpisodeFailed(err.code, err.detail, endpoint=err.endpoint, session_id=req.session_id))
+                else:
+                    fut.set_exception(EpisodeFailed(grpc.StatusCode.CANCELLED, f"batch not delivered: {err!r}"))
+            if not isinstance(err, Exception):
+                raise
+        finally:
+            inflight.release()

@@ -1,0 +1,127 @@
+"""`EnvSession`: one env session on one endpoint, as the rollout sees it.
+
+It keeps the protocol bookkeeping out of the caller's way: the current episode id, the next step index, and a
+fresh request id per call (reused for retries inside the client, so a retried Step is replayed, not repeated).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import json_format
+
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.envs.errors import EpisodeFailed
+
+if TYPE_CHECKING:
+    from roll_lightning.envs.pool import Endpoint, EnvPool
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ResetOutcome:
+    episode_id: str
+    seed: int
+    observation: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    action_valid: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    env_seconds: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class EnvSession:
+    """Created by `EnvPool.open`; not thread-safe (one episode runner drives one session)."""
+
+    def __init__(self, pool: EnvPool, endpoint: Endpoint, session_id: str, spec: pb.EnvSpec) -> None:
+        self.pool = pool
+        self.endpoint = endpoint
+        self.session_id = session_id
+        self.spec = spec
+        self.episode_id = ""
+        self.step_index = 0
+        self.closed = False
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
+
+    async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetOutcome:
+        """Start a new episode; ``seed=None`` lets the server draw one (returned in the outcome)."""
+        self._check_open()
+        request = pb.ResetRequest(session_id=self.session_id, request_id=new_request_id())
+        if seed is not None:
+            request.seed = seed
+        if options:
+            request.options.update(options)
+        result = await self.pool.call(self.endpoint, "reset", request, self.pool.reset_timeout_s)
+        self.episode_id, self.step_index = result.episode_id, 0
+        return ResetOutcome(result.episode_id, result.seed, result.observation, _to_dict(result, "info"))
+
+    async def step(self, action: str) -> StepOutcome:
+        """Send the agent's reply as the next action of the current episode."""
+        self._check_open()
+        if not self.episode_id:
+            raise EpisodeFailed(
+                grpc.StatusCode.FAILED_PRECONDITION, "step() before reset()", endpoint=self.address, session_id=self.session_id
+            )
+        request = pb.StepRequest(
+            session_id=self.session_id,
+            episode_id=self.episode_id,
+            step_index=self.step_index,
+            action=pb.Action(text=action),
+            request_id=new_request_id(),
+        )
+        result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
+        self.step_index += 1
+        return StepOutcome(
+            observation=result.observation,
+            reward=result.reward,
+            terminated=result.terminated,
+            truncated=result.truncated,
+            action_valid=result.action_valid,
+            info=_to_dict(result, "info"),
+            metrics=dict(result.metrics),
+            env_seconds=result.env_seconds,
+        )
+
+    async def close(self) -> None:
+        """Close the server-side session; best effort (an unreachable server reaps it after its TTL)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.endpoint.active = max(0, self.endpoint.active - 1)
+        if self.endpoint.ejected:
+            return
+        try:
+            await self.endpoint.client.close_session(self.session_id, timeout=self.pool.health_timeout_s * 2)
+        except EpisodeFailed:
+            pass
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EpisodeFailed(
+                grpc.StatusCode.FAILED_PRECONDITION, "session is closed", endpoint=self.address, session_id=self.session_id
+            )
+
+
+def _to_dict(message: Any, name: str) -> dict[str, Any]:
+    return json_format.MessageToDict(getattr(message, name)) if message.HasField(name) else {}

@@ -1,0 +1,35 @@
+"""Shared fixtures: real env servers on 127.0.0.1 (random free ports), in a thread or as a process."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # `support.*` importable here and in server subprocesses (via PYTHONPATH)
+
+import support.plugin_envs  # noqa: E402,F401  (registers crashy/slow)
+from env_servers.server import EnvServer, RunningServer, ServerConfig  # noqa: E402
+
+ALL_ENVS = ("sokoban", "frozenlake", "crashy", "slow")
+
+
+def start_server(**overrides: object) -> RunningServer:
+    config = ServerConfig(env_ids=overrides.pop("env_ids", ALL_ENVS), port=0, **overrides)  # type: ignore[arg-type]
+    return EnvServer.run_in_thread(config)
+
+
+@pytest.fixture
+def server() -> Iterator[RunningServer]:
+    running = start_server()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def subprocess_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let server subprocesses import `support.plugin_envs`."""
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{Path(__file__).parent.parent}")

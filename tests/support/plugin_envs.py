@@ -1,0 +1,64 @@
+"""Envs that exist to misbehave, for fault tests. Registered on import (`serve --import support.plugin_envs`).
+
+- ``crashy``: a step whose action contains "crash" raises inside the env (the item must fail INTERNAL).
+- ``slow``: each step sleeps ``delay_s`` seconds and counts how often it really ran (for deadline/replay tests).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from env_servers import EnvSpec, register
+
+
+@dataclass(frozen=True)
+class CounterConfig:
+    max_steps: int = 5
+    delay_s: float = 0.0
+
+
+class _CounterEnv:
+    """Observation = the step count; episodes last ``max_steps`` steps."""
+
+    env_id = "counter"
+    executed_steps = 0  # class-wide: counts real env.step executions in this process
+
+    def __init__(self, config: CounterConfig) -> None:
+        self.config = config
+        self.t = 0
+        self.seed = 0
+
+    @classmethod
+    def describe(cls, config: CounterConfig) -> EnvSpec:
+        return EnvSpec(
+            env_id=cls.env_id, version="1", instruction="count", action_format="any text", example_action="go",
+            max_steps=config.max_steps, reward_min=0.0, reward_max=1.0,
+        )
+
+    def reset(self, seed: int, options: Any = None) -> tuple[str, dict[str, Any]]:
+        self.t, self.seed = 0, seed
+        return f"seed={seed} t=0", {"seed": seed}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.config.delay_s:
+            time.sleep(self.config.delay_s)
+        type(self).executed_steps += 1
+        self.t += 1
+        return f"seed={self.seed} t={self.t}", 1.0, False, self.t >= self.config.max_steps, {"metrics": {"t": self.t}}
+
+
+@register("crashy", CounterConfig)
+class CrashyEnv(_CounterEnv):
+    env_id = "crashy"
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if "crash" in action:
+            raise RuntimeError("boom: the env itself failed")
+        return super().step(action)
+
+
+@register("slow", CounterConfig)
+class SlowEnv(_CounterEnv):
+    env_id = "slow"

@@ -1,0 +1,285 @@
+"""The env protocol, spoken raw over gRPC against a real server: ids, ordering, idempotency, faults, per-item status."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from conftest import start_server
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from support.plugin_envs import SlowEnv
+
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.EnvServiceStub(channel)
+
+
+def create(stub, env_id="frozenlake", config=None, request_id="c1"):
+    request = pb.CreateSessionRequest(env_id=env_id, request_id=request_id)
+    if config:
+        request.config.update(config)
+    return stub.CreateSession(request, timeout=10).session_id
+
+
+def reset(stub, sid, seed=7, rid="r1"):
+    return stub.Reset(pb.ResetRequest(session_id=sid, seed=seed, request_id=rid), timeout=10)
+
+
+def step(stub, sid, ep, index, text="<answer>Down</answer>", rid=None):
+    request = pb.StepRequest(
+        session_id=sid, episode_id=ep, step_index=index, action=pb.Action(text=text), request_id=rid or f"s{index}"
+    )
+    return stub.Step(request, timeout=10)
+
+
+def code_of(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, **kwargs)
+    return info.value.code(), info.value.details()
+
+
+def test_episode_happy_path_and_ids(stub):
+    sid = create(stub, "sokoban")
+    first = reset(stub, sid, seed=11)
+    assert first.session_id == sid and first.episode_id and first.seed == 11 and "P" in first.observation
+    result = step(stub, sid, first.episode_id, 0, "<answer>Left</answer>")
+    assert result.step_index == 0 and result.episode_id == first.episode_id
+    assert result.action_valid and result.reward == pytest.approx(-0.1, abs=1e-9) or result.reward > 0
+    second = reset(stub, sid, seed=11, rid="r2")
+    assert second.episode_id != first.episode_id, "every Reset starts a new server-issued episode id"
+    assert second.observation == first.observation, "same seed, same start"
+
+
+def test_unseeded_reset_reports_the_seed_it_used(stub):
+    sid = create(stub)
+    drawn = stub.Reset(pb.ResetRequest(session_id=sid, request_id="r"), timeout=10)
+    replayed_elsewhere = reset(stub, create(stub, request_id="c2"), seed=drawn.seed)
+    assert replayed_elsewhere.observation == drawn.observation
+
+
+def test_retried_step_is_replayed_not_repeated(server, stub):
+    sid = create(stub, "slow", {"max_steps": 10})
+    ep = reset(stub, sid).episode_id
+    before = SlowEnv.executed_steps
+    a = step(stub, sid, ep, 0, "go", rid="same")
+    b = step(stub, sid, ep, 0, "go", rid="same")
+    assert a == b
+    assert SlowEnv.executed_steps == before + 1
+
+
+def test_retried_reset_and_create_are_replayed(stub):
+    sid = create(stub, request_id="dup")
+    assert create(stub, request_id="dup") == sid
+    a, b = reset(stub, sid, rid="rr"), reset(stub, sid, rid="rr")
+    assert a.episode_id == b.episode_id
+    step(stub, sid, a.episode_id, 0)
+    code, msg = code_of(reset, stub, sid, rid="rr")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale Reset" in msg
+
+
+def test_out_of_order_and_stale_steps_are_refused(stub):
+    sid = create(stub, "slow", {"max_steps": 10})
+    ep = reset(stub, sid).episode_id
+    code, msg = code_of(step, stub, sid, ep, 1)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "next step" in msg and "is 0" in msg
+    step(stub, sid, ep, 0)
+    code, msg = code_of(step, stub, sid, ep, 0, rid="another")  # a new request for an old index
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "step_index=0" in msg
+    new_ep = reset(stub, sid, rid="r2").episode_id
+    code, msg = code_of(step, stub, sid, ep, 1, rid="late")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and ep in msg and new_ep in msg
+
+
+def test_step_before_reset_and_after_done(stub):
+    sid = create(stub, "slow", {"max_steps": 2})
+    code, msg = code_of(step, stub, sid, "ep-x", 0)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "Reset" in msg
+    ep = reset(stub, sid).episode_id
+    step(stub, sid, ep, 0)
+    last = step(stub, sid, ep, 1)
+    assert last.truncated and not last.terminated
+    code, msg = code_of(step, stub, sid, ep, 2)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "truncated" in msg
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"),
+    [
+        ({"episode_id": "e", "request_id": "r"}, "session_id"),
+        ({"session_id": "s", "request_id": "r"}, "episode_id"),
+        ({"session_id": "s", "episode_id": "e"}, "request_id"),
+    ],
+)
+def test_malformed_step_names_the_field(stub, request_fields, field):
+    code, msg = code_of(stub.Step, pb.StepRequest(**request_fields), timeout=5)
+    if field == "session_id":
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and field in msg
+    else:  # the session must exist for the field checks behind it
+        sid = create(stub)
+        code, msg = code_of(stub.Step, pb.StepRequest(**{**request_fields, "session_id": sid}), timeout=5)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and field in msg
+
+
+def test_create_session_errors(stub):
+    code, msg = code_of(stub.CreateSession, pb.CreateSessionRequest(env_id="nope", request_id="x"), timeout=5)
+    assert code == grpc.StatusCode.NOT_FOUND and "nope" in msg and "sokoban" in msg
+    bad = pb.CreateSessionRequest(env_id="sokoban", request_id="y")
+    bad.config.update({"dim_rom": [6, 6]})
+    code, msg = code_of(stub.CreateSession, bad, timeout=5)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "config.dim_rom" in msg
+    bad = pb.CreateSessionRequest(env_id="sokoban", request_id="z")
+    bad.config.update({"num_boxes": "three"})
+    code, msg = code_of(stub.CreateSession, bad, timeout=5)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "num_boxes" in msg
+    code, msg = code_of(stub.CreateSession, pb.CreateSessionRequest(env_id="sokoban"), timeout=5)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in msg
+
+
+def test_unknown_session_is_not_found(stub):
+    code, msg = code_of(stub.Reset, pb.ResetRequest(session_id="s-nope", request_id="r"), timeout=5)
+    assert code == grpc.StatusCode.NOT_FOUND and "s-nope" in msg
+    sid = create(stub)
+    assert stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=5).existed
+    assert code_of(reset, stub, sid)[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_idle_sessions_expire():
+    running = start_server(session_ttl_s=0.2)
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            sid = create(stub)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and stub.GetServerInfo(pb.GetServerInfoRequest()).active_sessions:
+                time.sleep(0.05)
+            code, msg = code_of(reset, stub, sid)
+            assert code == grpc.StatusCode.NOT_FOUND and "expired" in msg
+    finally:
+        running.stop()
+
+
+def test_capacity_limit():
+    running = start_server(max_sessions=2)
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            first = create(stub, request_id="a")
+            create(stub, request_id="b")
+            code, msg = code_of(create, stub, request_id="c")
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "full" in msg
+            stub.CloseSession(pb.CloseSessionRequest(session_id=first), timeout=5)
+            assert create(stub, request_id="d")
+    finally:
+        running.stop()
+
+
+def test_oversize_actions_are_refused_cleanly():
+    running = start_server(max_action_bytes=1000, max_message_bytes=64 * 1024)
+    try:
+        with grpc.insecure_channel(running.address, options=[("grpc.max_send_message_length", 1 << 22)]) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            sid = create(stub)
+            ep = reset(stub, sid).episode_id
+            code, msg = code_of(step, stub, sid, ep, 0, "x" * 1001)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "1001 bytes" in msg
+            code, _ = code_of(step, stub, sid, ep, 0, "x" * 200_000)  # beyond the transport's message limit
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert step(stub, sid, ep, 0).step_index == 0, "the session is unharmed"
+    finally:
+        running.stop()
+
+
+def test_env_crash_fails_one_item_and_the_server_keeps_serving(stub):
+    crashy, healthy = create(stub, "crashy", request_id="a"), create(stub, "frozenlake", request_id="b")
+    resets = stub.BatchReset(
+        pb.BatchResetRequest(items=[pb.ResetRequest(session_id=s, seed=1, request_id="r") for s in (crashy, healthy)]),
+        timeout=10,
+    )
+    assert [item.status.code for item in resets.items] == [0, 0]
+    eps = [item.episode_id for item in resets.items]
+    batch = pb.BatchStepRequest(
+        items=[
+            pb.StepRequest(session_id=crashy, episode_id=eps[0], step_index=0, action=pb.Action(text="crash"), request_id="s"),
+            pb.StepRequest(session_id="s-missing", episode_id="e", step_index=0, action=pb.Action(text="x"), request_id="s"),
+            pb.StepRequest(
+                session_id=healthy, episode_id=eps[1], step_index=0, action=pb.Action(text="<answer>Up</answer>"), request_id="s"
+            ),
+        ]
+    )
+    items = stub.BatchStep(batch, timeout=10).items
+    assert items[0].status.code == grpc.StatusCode.INTERNAL.value[0] and "boom" in items[0].status.message
+    assert items[1].status.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert items[2].status.code == 0 and items[2].step_index == 0
+    code, msg = code_of(step, stub, crashy, eps[0], 1, "go")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "aborted" in msg
+    assert reset(stub, crashy, rid="r2").observation.startswith("seed="), "the crashed session can start over"
+
+
+def test_deadline_exceeded_work_is_replayable(stub):
+    sid = create(stub, "slow", {"delay_s": 0.4, "max_steps": 10})
+    ep = reset(stub, sid).episode_id
+    before = SlowEnv.executed_steps
+    request = pb.StepRequest(session_id=sid, episode_id=ep, step_index=0, action=pb.Action(text="go"), request_id="d")
+    code, _ = code_of(stub.Step, request, timeout=0.1)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    replay = stub.Step(request, timeout=10)  # the retry waits on the same session lock, then replays
+    assert replay.step_index == 0 and replay.observation.endswith("t=1")
+    assert SlowEnv.executed_steps == before + 1, "the step ran exactly once"
+
+
+def test_batch_items_past_the_deadline_do_not_run(stub):
+    sids = [create(stub, "slow", {"delay_s": 0.3}, request_id=f"c{i}") for i in range(4)]
+    eps = [reset(stub, s).episode_id for s in sids]
+    before = SlowEnv.executed_steps
+    batch = pb.BatchStepRequest(
+        items=[
+            pb.StepRequest(session_id=s, episode_id=e, step_index=0, action=pb.Action(text="go"), request_id="b")
+            for s, e in zip(sids, eps, strict=True)
+        ]
+    )
+    code, _ = code_of(stub.BatchStep, batch, timeout=0.45)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(1.0)  # let the batch job finish on the server
+    ran = SlowEnv.executed_steps - before
+    assert 1 <= ran < 4, f"items after the deadline must be skipped, {ran} ran"
+    replay = stub.BatchStep(batch, timeout=10)
+    assert all(item.status.code == 0 for item in replay.items)
+    assert SlowEnv.executed_steps - before == 4, "the retry ran only the skipped items"
+
+
+def test_stream_path_multiplexes_sessions(stub):
+    sids = [create(stub, request_id=f"c{i}") for i in range(3)]
+
+    def requests():
+        for tag, sid in enumerate(sids):
+            yield pb.StreamRequest(tag=tag, reset=pb.ResetRequest(session_id=sid, seed=5, request_id="r"))
+        yield pb.StreamRequest(tag=99, step=pb.StepRequest(session_id="s-missing", request_id="x", episode_id="e"))
+
+    answers = {a.tag: a for a in stub.Stream(requests(), timeout=10)}
+    assert sorted(answers) == [0, 1, 2, 99]
+    assert len({answers[t].reset.observation for t in range(3)}) == 1, "same seed, same start"
+    assert answers[99].step.status.code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_server_info_describe_health_and_reflection(server, stub):
+    info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+    assert info.protocol_version == "v1" and "sokoban" in info.env_ids and info.max_sessions > 0
+    request = pb.DescribeEnvRequest(env_id="sokoban")
+    request.config.update({"dim_room": [8, 8], "num_boxes": 2})
+    spec = stub.DescribeEnv(request, timeout=5)
+    assert spec.env_id == "sokoban" and spec.max_steps > 0 and spec.example_action
+    assert list(spec.config["dim_room"]) == [8, 8] and '"num_boxes"' in spec.config_schema
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "roll_lightning.env.v1.EnvService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+        assert "roll_lightning.env.v1.EnvService" in services and "grpc.health.v1.Health" in services

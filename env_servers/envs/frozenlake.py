@@ -1,0 +1,236 @@
+"""The FrozenLake text env: map generation, the (slippery) transition model, rewards and the RAGEN render.
+
+Maps use Gymnasium's letters (S start, F frozen, H hole, G goal) so tests can hand them to Gymnasium's
+FrozenLake-v1 as a transition oracle; the observation uses RAGEN/ROLL's symbols. Every reset builds a new
+map from the reset seed, like RAGEN. Slips draw from a per-episode `numpy.random.Generator`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from env_servers.api import EnvSpec
+from env_servers.envs.answer import parse_actions
+from env_servers.registry import register
+
+ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
+_VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
+_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
+METRICS = ("action_valid", "action_effective", "success")
+MAX_SIZE = 32
+MAX_MAP_ATTEMPTS = 1000
+# SeedSequence spawn keys that keep the map draws and the slip draws of one seed independent.
+_MAP_STREAM, _SLIP_STREAM = 0, 1
+
+
+@dataclass(frozen=True)
+class FrozenLakeConfig:
+    size: int = field(default=4, metadata={"doc": "the map is size x size"})
+    frozen_prob: float = field(default=0.8, metadata={"doc": "probability that a tile is frozen (else a hole)"})
+    is_slippery: bool = field(
+        default=False,
+        metadata={"doc": "slip to a perpendicular direction; Gymnasium's default is True, ROLL's examples set False"},
+    )
+    success_rate: float = field(
+        default=1 / 3,
+        metadata={"doc": "slippery only: P(intended direction); each perpendicular gets (1 - success_rate) / 2"},
+    )
+    start_goal: str = field(
+        default="random",
+        metadata={"doc": "'random' (RAGEN: S and G at random distinct cells) or 'corners' (Gymnasium)"},
+    )
+    max_steps: int = field(
+        default=100, metadata={"doc": "turns before the episode is truncated; invalid replies count"}
+    )
+    format_penalty: float = field(default=-0.01, metadata={"doc": "reward of a reply without a valid <answer>"})
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.size <= MAX_SIZE:
+            raise ValueError(f"size={self.size} must be in [2, {MAX_SIZE}]")
+        if not 0.0 < self.frozen_prob <= 1.0:
+            raise ValueError(f"frozen_prob={self.frozen_prob} must be in (0, 1]")
+        if not 0.0 <= self.success_rate <= 1.0:
+            raise ValueError(f"success_rate={self.success_rate} must be in [0, 1]")
+        if self.start_goal not in ("random", "corners"):
+            raise ValueError(f"start_goal={self.start_goal!r} must be 'random' or 'corners'")
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps={self.max_steps} must be >= 1")
+        if self.format_penalty > 0:
+            raise ValueError(f"format_penalty={self.format_penalty} must be <= 0")
+
+
+def generate_map(size: int, frozen_prob: float, seed: int, start_goal: str = "random") -> tuple[str, ...]:
+    """A solvable map as rows of S/F/H/G; attempt ``k`` draws from ``SeedSequence(seed, spawn_key=(0, k))``."""
+    for attempt in range(MAX_MAP_ATTEMPTS):
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_MAP_STREAM, attempt)))
+        grid = np.where(rng.random((size, size)) < frozen_prob, "F", "H")
+        if start_goal == "corners":
+            start, goal = 0, size * size - 1
+        else:
+            start, goal = (int(i) for i in rng.choice(size * size, 2, replace=False))
+        grid.flat[start], grid.flat[goal] = "S", "G"
+        desc = tuple("".join(row) for row in grid)
+        if _has_path(desc):
+            return desc
+    raise RuntimeError(
+        f"no solvable {size}x{size} FrozenLake map from seed {seed} in {MAX_MAP_ATTEMPTS} attempts; "
+        f"raise frozen_prob={frozen_prob}"
+    )
+
+
+def _check_map(rows: Sequence[str]) -> tuple[str, ...]:
+    desc = tuple(rows)
+    if not desc or any(len(row) != len(desc) for row in desc) or any(ch not in "SFHG" for row in desc for ch in row):
+        raise ValueError("map must be a square list of rows over the letters S, F, H, G")
+    if sum(row.count("S") for row in desc) != 1 or sum(row.count("G") for row in desc) < 1:
+        raise ValueError("map needs exactly one S and at least one G")
+    return desc
+
+
+def _has_path(desc: Sequence[str]) -> bool:
+    size = len(desc)
+    start = next((r, row.index("S")) for r, row in enumerate(desc) if "S" in row)
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        if desc[r][c] == "G":
+            return True
+        for dr, dc in _MOVES:
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in seen and desc[nr][nc] != "H":
+                seen.add((nr, nc))
+                queue.append((nr, nc))
+    return False
+
+
+def transitions(
+    desc: Sequence[str], row: int, col: int, action: int, is_slippery: bool, success_rate: float = 1 / 3
+) -> list[tuple[float, int, int]]:
+    """Outcomes ``(prob, row, col)`` of ``action`` from (row, col), merged per cell, zero-probability ones dropped.
+
+    Slippery: the intended direction with ``success_rate``, each perpendicular with ``(1 - success_rate) / 2``
+    (Gymnasium's model). Moving off the map stays put; holes and the goal are absorbing.
+    """
+    if desc[row][col] in "HG":
+        return [(1.0, row, col)]
+    if is_slippery:
+        side = (1.0 - success_rate) / 2
+        choices = [((action - 1) % 4, side), (action, success_rate), ((action + 1) % 4, side)]
+    else:
+        choices = [(action, 1.0)]
+    size = len(desc)
+    merged: dict[tuple[int, int], float] = {}
+    for direction, prob in choices:
+        if prob <= 0:
+            continue
+        dr, dc = _MOVES[direction]
+        cell = (min(max(row + dr, 0), size - 1), min(max(col + dc, 0), size - 1))
+        merged[cell] = merged.get(cell, 0.0) + prob
+    return [(prob, r, c) for (r, c), prob in merged.items()]
+
+
+def render(desc: Sequence[str], row: int, col: int) -> str:
+    """RAGEN's board: P player, _ frozen (start included), O hole, G goal, X player in a hole, √ player on the goal."""
+    symbols = {"S": "_", "F": "_", "H": "O", "G": "G"}
+    on = {"S": "P", "F": "P", "H": "X", "G": "√"}
+    return "\n".join(
+        "".join(on[ch] if (r, c) == (row, col) else symbols[ch] for c, ch in enumerate(line))
+        for r, line in enumerate(desc)
+    )
+
+
+@register("frozenlake", FrozenLakeConfig)
+class FrozenLakeEnv:
+    """One FrozenLake session: reach G without falling into a hole."""
+
+    def __init__(self, config: FrozenLakeConfig) -> None:
+        self.config = config
+        self._desc: tuple[str, ...] = ()
+        self._pos = (0, 0)
+        self._rng = np.random.default_rng(0)  # replaced at every reset
+        self._steps = 0
+        self._done = True  # step() before reset() is refused like step() after the end
+
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on a map built from ``seed`` (or ``options["map"]``: rows of S/F/H/G)."""
+        cfg = self.config
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        given = (options or {}).get("map")
+        self._desc = (
+            _check_map(given) if given is not None else generate_map(cfg.size, cfg.frozen_prob, seed, cfg.start_goal)
+        )
+        self._pos = next((r, line.index("S")) for r, line in enumerate(self._desc) if "S" in line)
+        self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_SLIP_STREAM,)))
+        self._steps = 0
+        self._done = False
+        return render(self._desc, *self._pos), {"seed": seed, "size": len(self._desc)}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        cfg = self.config
+        self._steps += 1
+        moves = parse_actions(action, _VOCABULARY, 1)
+        old = self._pos
+        if moves is None:
+            reward = cfg.format_penalty
+        else:
+            outcomes = transitions(self._desc, *old, moves[0], cfg.is_slippery, cfg.success_rate)
+            pick = 0
+            if len(outcomes) > 1:
+                pick = int(self._rng.choice(len(outcomes), p=[p for p, _, _ in outcomes]))
+            self._pos = outcomes[pick][1:]
+            reward = 1.0 if self._cell() == "G" else 0.0
+        terminated = self._cell() in "HG"
+        truncated = not terminated and self._steps >= cfg.max_steps
+        self._done = terminated or truncated
+        success = self._cell() == "G"
+        info = {
+            "action_valid": moves is not None,
+            "steps": self._steps,
+            "metrics": {
+                "action_valid": float(moves is not None),
+                "action_effective": float(self._pos != old),
+                "success": float(success),
+            },
+        }
+        return render(self._desc, *self._pos), reward, terminated, truncated, info
+
+    def _cell(self) -> str:
+        r, c = self._pos
+        return self._desc[r][c]
+
+    @classmethod
+    def describe(cls, config: FrozenLakeConfig) -> EnvSpec:
+        slip = (
+            f" The ice is slippery: you move in the intended direction with probability {config.success_rate:.2f}, "
+            "otherwise to one of the two perpendicular directions."
+            if config.is_slippery
+            else ""
+        )
+        instruction = (
+            "You are playing FrozenLake. Walk from your position to the goal G without stepping into a hole; "
+            "falling into a hole ends the game. Walking off the edge leaves you in place." + slip + "\n"
+            "Symbols: P you, _ frozen ice, O hole, G goal, X you in a hole, √ you on the goal.\n"
+            "Actions: Left, Down, Right, Up. Reward 1 for reaching the goal, else 0.\n"
+            "Answer format: <answer>Direction</answer>, e.g. <answer>Left</answer>."
+        )
+        return EnvSpec(
+            env_id="frozenlake",
+            version="1",
+            instruction=instruction,
+            action_format="<answer>Direction</answer> with Direction one of Left, Down, Right, Up",
+            example_action="<answer>Left</answer>",
+            max_steps=config.max_steps,
+            reward_min=min(0.0, config.format_penalty),
+            reward_max=1.0,
+            deterministic=True,
+            splits={"train": 0, "test": 0},
+            metrics=METRICS,
+        )

@@ -1,0 +1,220 @@
+"""The Sokoban text env: config, episode state, push rules and gym-sokoban rewards.
+
+Levels come from `generator.generate_level` (the reset seed fully determines the level); this module owns
+what happens after reset: parsing replies, moving the player, pushing boxes, rewards, termination and the
+`describe` spec. The observation is the RAGEN/ROLL text board.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_servers.api import EnvSpec
+from env_servers.envs.answer import parse_actions
+from env_servers.envs.sokoban.generator import Level, generate_level, render_board
+
+ACTIONS = ("Up", "Down", "Left", "Right")
+_VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
+METRICS = ("action_valid", "action_effective", "boxes_on_target", "success")
+MAX_ROOM_SIDE = 32
+
+
+@dataclass(frozen=True)
+class SokobanConfig:
+    dim_room: tuple[int, int] = field(default=(6, 6), metadata={"doc": "room (height, width), wall ring included"})
+    num_boxes: int = field(default=1, metadata={"doc": "boxes (= targets) per level"})
+    max_steps: int = field(
+        default=100, metadata={"doc": "turns before the episode is truncated; invalid replies count"}
+    )
+    search_budget: int = field(
+        default=2000, metadata={"doc": "reverse-play nodes (box arrangements) searched per generation attempt"}
+    )
+    search_depth: int = field(
+        default=300, metadata={"doc": "longest reverse play in player moves (gym-sokoban/RAGEN search_depth)"}
+    )
+    player_walk: int = field(
+        default=3, metadata={"doc": "after generation the player walks 1..N random free steps (0 = off)"}
+    )
+    max_actions_per_turn: int = field(
+        default=1, metadata={"doc": "most actions per reply, separated by '||' (RAGEN multi-action)"}
+    )
+    step_penalty: float = field(
+        default=-0.1, metadata={"doc": "reward per action, also for blocked moves and invalid replies"}
+    )
+    box_reward: float = field(default=1.0, metadata={"doc": "+ when a box lands on a target, - when it leaves one"})
+    solve_reward: float = field(default=10.0, metadata={"doc": "bonus when every box is on a target"})
+    format_penalty: float = field(
+        default=-0.1, metadata={"doc": "added to the step penalty when the reply has no valid <answer>"}
+    )
+
+    def __post_init__(self) -> None:
+        if len(self.dim_room) != 2:
+            raise ValueError(f"dim_room={self.dim_room} must be (height, width)")
+        height, width = self.dim_room
+        if not (4 <= height <= MAX_ROOM_SIDE and 4 <= width <= MAX_ROOM_SIDE):
+            raise ValueError(f"dim_room={self.dim_room} must have both sides in [4, {MAX_ROOM_SIDE}]")
+        if self.num_boxes < 1:
+            raise ValueError(f"num_boxes={self.num_boxes} must be >= 1")
+        # Boxes, targets and the player need room to move: cap boxes + player at half the interior.
+        if self.num_boxes + 1 > (height - 2) * (width - 2) // 2:
+            raise ValueError(f"num_boxes={self.num_boxes} does not fit in dim_room {self.dim_room}")
+        for name in ("max_steps", "search_budget", "search_depth", "max_actions_per_turn"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.player_walk < 0:
+            raise ValueError(f"player_walk={self.player_walk} must be >= 0")
+        for name in ("step_penalty", "format_penalty"):
+            if getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be <= 0")
+        for name in ("box_reward", "solve_reward"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+
+
+def cached_level(config: SokobanConfig, seed: int) -> Level:
+    """`generate_level` for ``config``, memoised: a GRPO group resets many sessions with one seed."""
+    return _cached_generate(
+        config.dim_room, config.num_boxes, seed, config.search_budget, config.search_depth, config.player_walk
+    )
+
+
+# Keyed on the generation parameters only, so configs that differ in rewards or max_steps share levels.
+@functools.lru_cache(maxsize=4096)
+def _cached_generate(
+    dim_room: tuple[int, int], num_boxes: int, seed: int, search_budget: int, search_depth: int, player_walk: int
+) -> Level:
+    return generate_level(
+        dim_room, num_boxes, seed, search_budget=search_budget, search_depth=search_depth, player_walk=player_walk
+    )
+
+
+class SokobanEnv:
+    """One Sokoban session. ``reset(seed)`` builds the level; ``step(reply)`` plays the reply's moves."""
+
+    def __init__(self, config: SokobanConfig) -> None:
+        self.config = config
+        self._level: Level | None = None
+        self._deltas: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self._targets: frozenset[int] = frozenset()
+        self._boxes: set[int] = set()
+        self._player = 0
+        self._steps = 0
+        self._done = True  # no episode yet: step() before reset() is refused like step() after the end
+
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode. ``options["level"]`` (board text) plays a given level instead of generating one."""
+        text = (options or {}).get("level")
+        level = Level.from_text(text) if text is not None else cached_level(self.config, seed)
+        self._level = level
+        self._deltas = (-level.width, level.width, -1, 1)  # same order as ACTIONS
+        self._targets = frozenset(level.targets)
+        self._boxes = set(level.boxes)
+        self._player = level.player
+        self._steps = 0
+        self._done = False
+        info = {
+            "seed": seed,
+            "num_boxes": len(level.boxes),
+            "boxes_on_target": self._on_target(),
+            "level_score": level.score,
+        }
+        return self._render(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        cfg = self.config
+        self._steps += 1
+        moves = parse_actions(action, _VOCABULARY, cfg.max_actions_per_turn)
+        reward, effective = 0.0, False
+        if moves is None:
+            reward = cfg.step_penalty + cfg.format_penalty
+        for move in moves or ():
+            step_reward, changed = self._move(move)
+            reward += step_reward
+            effective |= changed
+            if self._solved():
+                reward += cfg.solve_reward
+                break
+        terminated = self._solved()
+        truncated = not terminated and self._steps >= cfg.max_steps
+        self._done = terminated or truncated
+        on_target = self._on_target()
+        info = {
+            "action_valid": moves is not None,
+            "boxes_on_target": on_target,
+            "steps": self._steps,
+            "metrics": {
+                "action_valid": float(moves is not None),
+                "action_effective": float(effective),
+                "boxes_on_target": float(on_target),
+                "success": float(terminated),
+            },
+        }
+        return self._render(), reward, terminated, truncated, info
+
+    def _move(self, move: int) -> tuple[float, bool]:
+        """Apply one move; returns (reward, whether the board changed). Blocked moves are no-ops."""
+        level, cfg = self._level, self.config
+        delta = self._deltas[move]
+        target = self._player + delta
+        if not level.floor[target]:
+            return cfg.step_penalty, False
+        reward = cfg.step_penalty
+        if target in self._boxes:
+            beyond = target + delta
+            if not level.floor[beyond] or beyond in self._boxes:
+                return cfg.step_penalty, False
+            self._boxes.remove(target)
+            self._boxes.add(beyond)
+            # Target-to-target pushes net zero, as in gym-sokoban (it rewards the change in boxes on target).
+            reward += cfg.box_reward * ((beyond in self._targets) - (target in self._targets))
+        self._player = target
+        return reward, True
+
+    def _on_target(self) -> int:
+        return len(self._boxes & self._targets)
+
+    def _solved(self) -> bool:
+        return self._boxes == self._targets
+
+    def _render(self) -> str:
+        level = self._level
+        return render_board(level.height, level.width, level.floor, self._targets, self._boxes, self._player)
+
+    @classmethod
+    def describe(cls, config: SokobanConfig) -> EnvSpec:
+        n = config.max_actions_per_turn
+        if n == 1:
+            action_format = "<answer>Direction</answer> with Direction one of Up, Down, Left, Right"
+        else:
+            action_format = f"<answer>D1 || D2 || ...</answer> with 1 to {n} directions from Up, Down, Left, Right"
+        instruction = (
+            "You are playing Sokoban. Push every box onto a target. You can push a box one cell by walking into it "
+            "if the cell beyond it is free; you cannot pull boxes or push two at once, and walls block you.\n"
+            "Symbols: # wall, _ empty floor, O target, X box, √ box on target, P you, S you standing on a target.\n"
+            f"Actions: Up, Down, Left, Right. Rewards: {config.step_penalty} per move, "
+            f"{config.box_reward:+} when a box reaches a target, {-config.box_reward:+} when it leaves one, "
+            f"{config.solve_reward:+} when all boxes are placed.\n"
+            f"Answer format: {action_format}, e.g. <answer>Left</answer>."
+            + (f" You may give up to {n} moves per turn separated by ||." if n > 1 else "")
+        )
+        k = min(n, config.num_boxes)
+        reward_max = config.solve_reward + max(j * (config.box_reward + config.step_penalty) for j in range(1, k + 1))
+        reward_min = min(n * (config.step_penalty - config.box_reward), config.step_penalty + config.format_penalty)
+        return EnvSpec(
+            env_id="sokoban",
+            version="1",
+            instruction=instruction,
+            action_format=action_format,
+            example_action="<answer>Left</answer>",
+            max_steps=config.max_steps,
+            reward_min=reward_min,
+            reward_max=reward_max,
+            deterministic=True,
+            splits={"train": 0, "test": 0},
+            metrics=METRICS,
+        )

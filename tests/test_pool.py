@@ -1,0 +1,182 @@
+"""EnvPool against real servers: placement, transports, batching, local servers, killed servers, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import grpc
+import pytest
+from conftest import start_server
+
+from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.envs.local import launch_local_server
+
+ACTIONS = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>", "<answer>Up</answer>", "bad"]
+
+
+async def play(session, seed: int, steps: int) -> list[tuple[str, float, bool]]:
+    trace = [(await session.reset(seed=seed)).observation]
+    for i in range(steps):
+        out = await session.step(ACTIONS[(seed + i) % len(ACTIONS)])
+        trace.append((out.observation, out.reward, out.action_valid))
+        if out.done:
+            break
+    return trace
+
+
+async def test_placement_follows_free_capacity():
+    small, large = start_server(max_sessions=4), start_server(max_sessions=8)
+    try:
+        async with EnvPool([small.address, large.address]) as pool:
+            sessions = [await pool.open("frozenlake") for _ in range(8)]
+            where = [s.address for s in sessions]
+            assert where.count(small.address) == 2 and where.count(large.address) == 6
+            sessions += [await pool.open("frozenlake") for _ in range(4)]
+            with pytest.raises(NoEndpointAvailable, match="no endpoint can take"):
+                await pool.open("frozenlake")
+            await sessions[0].close()
+            assert (await pool.open("frozenlake")).address == sessions[0].address
+    finally:
+        small.stop()
+        large.stop()
+
+
+async def test_full_server_behind_the_pools_back_falls_over_to_another():
+    a, b = start_server(max_sessions=1), start_server(max_sessions=4)
+    try:
+        async with EnvPool([a.address, b.address]) as pool:
+            other = EnvPool([a.address])
+            await other.start()
+            await other.open("frozenlake")  # fills `a` without `pool` knowing
+            pool.endpoints[0].capacity = 100  # pretend its view is stale and favours `a`
+            session = await pool.open("frozenlake")
+            assert session.address == b.address
+            await other.close()
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_bad_env_or_config_fails_fast_with_the_reason(server):
+    async with EnvPool([server.address]) as pool:
+        with pytest.raises(EpisodeFailed, match="config.size_x") as info:
+            await pool.open("frozenlake", {"size_x": 3})
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(EpisodeFailed, match="nope"):
+            await pool.open("nope")
+
+
+@pytest.mark.parametrize("env_id", ["frozenlake", "sokoban"])
+async def test_transports_agree(server, env_id):
+    traces = {}
+    for transport in ("batch", "stream", "unary"):
+        async with EnvPool([server.address], transport=transport) as pool:
+            session = await pool.open(env_id)
+            traces[transport] = await play(session, seed=21, steps=12)
+    assert traces["batch"] == traces["stream"] == traces["unary"]
+
+
+async def test_concurrent_steps_are_batched(server):
+    async with EnvPool([server.address]) as pool:
+        sessions = [await pool.open("slow", {"max_steps": 50}) for _ in range(32)]
+        await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
+        before = dict(pool.stats)
+        for _ in range(5):
+            await asyncio.gather(*(s.step("go") for s in sessions))
+        batches = pool.stats["batches"] - before["batches"]
+        items = pool.stats["batched_items"] - before["batched_items"]
+        assert items == 5 * 32 and batches <= 5 * 4, f"{items} steps took {batches} BatchStep calls"
+
+
+async def test_same_seed_same_start_in_two_server_processes():
+    async with EnvPool("local", local_envs=["sokoban", "frozenlake"], local_servers=2) as pool:
+        assert len({ep.address for ep in pool.endpoints}) == 2
+        for env_id, config in (("sokoban", {"dim_room": [7, 7], "num_boxes": 2}), ("frozenlake", {"size": 6})):
+            first = [await pool.open(env_id, config) for _ in range(2)]
+            assert first[0].address != first[1].address
+            starts = [(await s.reset(seed=123)).observation for s in first]
+            assert starts[0] == starts[1]
+        processes = [server.process for server in pool.local]
+    assert all(p.poll() is not None for p in processes), "the pool stops the servers it started"
+
+
+async def test_killed_server_fails_the_episode_within_the_deadline(subprocess_env):
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs"])
+    try:
+        async with EnvPool([server.address], call_timeout_s=2.0, health_interval_s=10.0) as pool:
+            session = await pool.open("slow", {"max_steps": 100})
+            await session.reset(seed=1)
+            await session.step("go")
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait()
+            start = time.monotonic()
+            with pytest.raises(EpisodeFailed) as info:
+                await session.step("go")
+            assert time.monotonic() - start < 2.0 + 1.0, "an unreachable server must not outlive the deadline"
+            assert info.value.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            assert info.value.session_id == session.session_id and info.value.infrastructure
+    finally:
+        server.stop()
+
+
+async def test_ejection_fails_waiting_calls_at_once(subprocess_env):
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs"])
+    try:
+        async with EnvPool([server.address], call_timeout_s=30.0, health_interval_s=0.2, eject_after=2) as pool:
+            session = await pool.open("slow", {"delay_s": 20.0})
+            await session.reset(seed=1)
+            pending = asyncio.ensure_future(session.step("go"))  # blocks inside the env for 20 s
+            await asyncio.sleep(0.3)
+            os.kill(server.process.pid, signal.SIGSTOP)  # a hung host: no RST, no answers
+            start = time.monotonic()
+            with pytest.raises(EpisodeFailed, match="ejected"):
+                await pending
+            assert time.monotonic() - start < 5.0, "ejection, not the 30 s deadline, ended the call"
+            assert pool.stats["ejections"] == 1 and pool.healthy_endpoints() == []
+            with pytest.raises(NoEndpointAvailable):
+                await pool.open("slow")
+            os.kill(server.process.pid, signal.SIGCONT)
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if pool.healthy_endpoints():
+                    break
+            assert pool.stats["readmissions"] == 1 and await pool.open("slow")
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+async def test_sigterm_drains_gracefully(subprocess_env):
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", "--drain-seconds", "5"])
+    try:
+        async with EnvPool([server.address], health_interval_s=60.0) as pool:
+            session = await pool.open("slow", {"delay_s": 1.0})
+            await session.reset(seed=1)
+            in_flight = asyncio.ensure_future(session.step("go"))
+            await asyncio.sleep(0.3)
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            with pytest.raises(EpisodeFailed) as refused:
+                await pool.endpoints[0].client.create_session(
+                    __import__("roll_lightning.env.v1.env_pb2", fromlist=["x"]).CreateSessionRequest(
+                        env_id="slow", request_id="late"
+                    ),
+                    timeout=0.5,
+                )
+            assert refused.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            assert (await in_flight).observation.endswith("t=1"), "the in-flight step finished during the drain"
+        assert server.process.wait(timeout=10) == 0
+    finally:
+        server.stop()
+
+
+async def test_pool_refuses_bad_endpoints():
+    with pytest.raises(ValueError, match="not host:port"):
+        EnvPool(["localhost"])
+    with pytest.raises(ValueError, match="local_envs"):
+        EnvPool("local")
+    with pytest.raises(NoEndpointAvailable, match="127.0.0.1:1"):
+        await EnvPool(["127.0.0.1:1"], health_timeout_s=0.5).start()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -81,6 +82,39 @@ class _TokenInterceptor(grpc.aio.ServerInterceptor):
         return make(deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
 
 
+class _Malformed:
+    """Stands in for a request whose bytes are not a valid message, so the handler can refuse it cleanly."""
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.message = f"request is not a valid {type_name} message: {error}"
+
+
+class _DecodeGuard(grpc.aio.ServerInterceptor):
+    """Undecodable unary requests get INVALID_ARGUMENT (grpc's default is UNKNOWN plus a logged traceback)."""
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming or not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        decode, behaviour = handler.request_deserializer, handler.unary_unary
+        type_name = details.method.rsplit("/", 1)[-1] + "Request"
+
+        def safe_decode(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except DecodeError as exc:
+                return _Malformed(type_name, exc)
+
+        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            return await behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded, request_deserializer=safe_decode, response_serializer=handler.response_serializer
+        )
+
+
 class EnvServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -103,7 +137,9 @@ class EnvServer:
 
     async def start(self) -> None:
         cfg = self.config
-        interceptors = [_TokenInterceptor(cfg.token)] if cfg.token else []
+        interceptors: list[grpc.aio.ServerInterceptor] = [_DecodeGuard()]
+        if cfg.token:
+            interceptors.insert(0, _TokenInterceptor(cfg.token))
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),

@@ -212,7 +212,8 @@ class SessionTable:
         self.session_ttl_s = session_ttl_s
         self.server_id = secrets.token_hex(4)
         self._sessions: dict[str, Session] = {}
-        self._created: OrderedDict[str, pb.CreateSessionResponse] = OrderedDict()
+        self._created: OrderedDict[str, str] = OrderedDict()  # CreateSession request_id -> session_id, for replay
+        self._specs: dict[tuple[str, Any], pb.EnvSpec] = {}  # (env_id, config) -> spec message, built once
         self._lock = threading.Lock()
         self._seeds = np.random.SeedSequence(seed)
 
@@ -230,8 +231,16 @@ class SessionTable:
 
     def describe(self, env_id: str, config_struct: Any) -> pb.EnvSpec:
         entry = self.entry(env_id)
-        config = self._config(entry, config_struct)
-        return spec_to_proto(entry.describe(config), entry, config)
+        return self._spec(entry, self._config(entry, config_struct))
+
+    def _spec(self, entry: EnvEntry, config: Any) -> pb.EnvSpec:
+        key = (entry.env_id, config)
+        spec = self._specs.get(key)
+        if spec is None:
+            if len(self._specs) >= 1024:  # many distinct configs: start over rather than grow without bound
+                self._specs.clear()
+            spec = self._specs[key] = spec_to_proto(entry.describe(config), entry, config)
+        return spec
 
     @staticmethod
     def _config(entry: EnvEntry, config_struct: Any) -> Any:
@@ -244,8 +253,10 @@ class SessionTable:
         if not req.request_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
         with self._lock:
-            if req.request_id in self._created:
-                return self._created[req.request_id]
+            replay = self._created.get(req.request_id)
+        if replay is not None:
+            session = self.get(replay)
+            return pb.CreateSessionResponse(session_id=replay, spec=self._spec(session.entry, session.config))
         entry = self.entry(req.env_id)
         config = self._config(entry, req.config)
         with self._lock:
@@ -261,10 +272,10 @@ class SessionTable:
         except Exception as exc:
             raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{req.env_id}' failed to start: {exc!r}") from exc
         session = Session(session_id, entry, config, env, spec, rng)
-        response = pb.CreateSessionResponse(session_id=session_id, spec=spec_to_proto(spec, entry, config))
+        response = pb.CreateSessionResponse(session_id=session_id, spec=self._spec(entry, config))
         with self._lock:
             self._sessions[session_id] = session
-            self._created[req.request_id] = response
+            self._created[req.request_id] = session_id
             while len(self._created) > 4 * self.max_sessions:
                 self._created.popitem(last=False)
         return response

@@ -99,19 +99,25 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--seed", type=int, help="seed for server-drawn episode seeds (unseeded Resets)")
     serve.add_argument("--log-level", default="INFO")
     serve.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="import a module that registers more envs (repeatable), e.g. --import my_pkg.envs",
     )
     serve.set_defaults(func=_serve)
 
     describe = sub.add_parser("describe", help="print an env's spec as JSON")
     describe.add_argument("env")
-    describe.add_argument("--config", help='env config as JSON, e.g. \'{"dim_room": [8, 8]}\'')
+    describe.add_argument("--config", help="env config as JSON, e.g. '{\"dim_room\": [8, 8]}'")
     describe.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     describe.set_defaults(func=_describe)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(args, "log_level", "INFO"), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO"), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
     try:
         return args.func(args)
     except (KeyError, ValueError, OSError, ImportError) as exc:

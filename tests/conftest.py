@@ -12,6 +12,7 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `support.*` importable here and in server subprocesses (via PYTHONPATH)
 
 import support.plugin_envs  # noqa: E402,F401  (registers crashy/slow)
+
 from env_servers.server import EnvServer, RunningServer, ServerConfig  # noqa: E402
 
 ALL_ENVS = ("sokoban", "frozenlake", "crashy", "slow")

@@ -42,7 +42,9 @@ def fuzz_server():
         stub = pb_grpc.EnvServiceStub(channel)
         sessions = []
         for i, env_id in enumerate(("sokoban", "frozenlake")):
-            sid = stub.CreateSession(pb.CreateSessionRequest(env_id=env_id, request_id=f"seed-{i}"), timeout=10).session_id
+            sid = stub.CreateSession(
+                pb.CreateSessionRequest(env_id=env_id, request_id=f"seed-{i}"), timeout=10
+            ).session_id
             episode = stub.Reset(pb.ResetRequest(session_id=sid, seed=1, request_id="r"), timeout=10).episode_id
             sessions.append((sid, episode))
         yield running, channel, stub, sessions
@@ -86,7 +88,10 @@ def test_fuzzed_requests_get_clean_answers(
     describe.config.update(config)
     assert _call(stub.DescribeEnv, describe) in EXPECTED
     step = pb.StepRequest(
-        session_id=session_id, episode_id=episode_id, step_index=step_index, action=pb.Action(text=action),
+        session_id=session_id,
+        episode_id=episode_id,
+        step_index=step_index,
+        action=pb.Action(text=action),
         request_id=request_id,
     )
     assert _call(stub.Step, step) in EXPECTED

@@ -206,10 +206,18 @@ def test_env_crash_fails_one_item_and_the_server_keeps_serving(stub):
     eps = [item.episode_id for item in resets.items]
     batch = pb.BatchStepRequest(
         items=[
-            pb.StepRequest(session_id=crashy, episode_id=eps[0], step_index=0, action=pb.Action(text="crash"), request_id="s"),
-            pb.StepRequest(session_id="s-missing", episode_id="e", step_index=0, action=pb.Action(text="x"), request_id="s"),
             pb.StepRequest(
-                session_id=healthy, episode_id=eps[1], step_index=0, action=pb.Action(text="<answer>Up</answer>"), request_id="s"
+                session_id=crashy, episode_id=eps[0], step_index=0, action=pb.Action(text="crash"), request_id="s"
+            ),
+            pb.StepRequest(
+                session_id="s-missing", episode_id="e", step_index=0, action=pb.Action(text="x"), request_id="s"
+            ),
+            pb.StepRequest(
+                session_id=healthy,
+                episode_id=eps[1],
+                step_index=0,
+                action=pb.Action(text="<answer>Up</answer>"),
+                request_id="s",
             ),
         ]
     )

@@ -78,8 +78,12 @@ class _TokenInterceptor(grpc.aio.ServerInterceptor):
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-        make = grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
-        return make(deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+        make = (
+            grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
 
 
 class _Malformed:

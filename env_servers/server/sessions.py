@@ -313,9 +313,7 @@ class SessionTable:
         """Close sessions unused for longer than the TTL; returns how many were closed."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            stale = [
-                sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s
-            ]
+            stale = [sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s]
             removed = [self._sessions.pop(sid) for sid in stale]
         for session in removed:
             _close_env(session)

@@ -87,7 +87,8 @@ async def play(args: argparse.Namespace) -> int:
             f"\n{len(results)} episodes, {steps} steps in {elapsed:.1f}s ({steps / elapsed:.0f} steps/s): "
             f"success {sum(r.success for r in results) / len(results):.0%}, "
             f"mean return {sum(r.episode_return for r in results) / len(results):+.2f}, "
-            f"mean length {steps / len(results):.1f}, invalid replies {sum(r.invalid for r in results) / max(steps, 1):.0%}"
+            f"mean length {steps / len(results):.1f}, "
+            f"invalid replies {sum(r.invalid for r in results) / max(steps, 1):.0%}"
         )
     if failures:
         print(f"{len(failures)} episodes failed", file=sys.stderr)

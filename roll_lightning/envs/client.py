@@ -101,9 +101,7 @@ class EnvClient:
 
     async def health(self, timeout: float = 2.0) -> int:
         """The grpc.health.v1 status of the env service (raises `EpisodeFailed` when unreachable)."""
-        reply = await self._once(
-            self.health_stub.Check, health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout
-        )
+        reply = await self._once(self.health_stub.Check, health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout)
         return reply.status
 
     async def server_info(self, timeout: float = 5.0) -> pb.ServerInfo:
@@ -136,7 +134,9 @@ class EnvClient:
 
     async def batch_reset(self, items: Sequence[pb.ResetRequest], timeout: float) -> list[pb.ResetResult]:
         request = pb.BatchResetRequest(items=items)
-        reply = await self._retrying(lambda t: self.stub.BatchReset(request, timeout=t, metadata=self.metadata), timeout)
+        reply = await self._retrying(
+            lambda t: self.stub.BatchReset(request, timeout=t, metadata=self.metadata), timeout
+        )
         return list(reply.items)
 
     async def batch_step(self, items: Sequence[pb.StepRequest], timeout: float) -> list[pb.StepResult]:
@@ -193,7 +193,9 @@ class _StreamMux:
 
     async def call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
         if self.broken:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream broken")
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream broken"
+            )
         tag = next(self._tags)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[tag] = fut

@@ -61,9 +61,7 @@ def launch_local_server(
     cmd = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", "0", *extra_args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = tempfile.NamedTemporaryFile("w+", prefix="env-server-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -52,7 +52,9 @@ class Endpoint:
     queues: dict[str, list[tuple[Any, asyncio.Future[Any], float]]] = field(
         default_factory=lambda: {"reset": [], "step": []}
     )
-    wakeups: dict[str, asyncio.Event] = field(default_factory=lambda: {"reset": asyncio.Event(), "step": asyncio.Event()})
+    wakeups: dict[str, asyncio.Event] = field(
+        default_factory=lambda: {"reset": asyncio.Event(), "step": asyncio.Event()}
+    )
 
     @property
     def free(self) -> int:
@@ -104,7 +106,11 @@ class EnvPool:
         self._client_kwargs = {"token": token, "tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}
         self.transport: Transport = transport
         self.call_timeout_s, self.reset_timeout_s = call_timeout_s, reset_timeout_s
-        self.health_interval_s, self.health_timeout_s, self.eject_after = health_interval_s, health_timeout_s, eject_after
+        self.health_interval_s, self.health_timeout_s, self.eject_after = (
+            health_interval_s,
+            health_timeout_s,
+            eject_after,
+        )
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
@@ -177,7 +183,9 @@ class EnvPool:
         log.warning("ejecting env endpoint %s after %d failed health checks: %s", ep.address, ep.failures, err)
         ep.ejected = True
         self.stats["ejections"] += 1
-        failure = EpisodeFailed(grpc.StatusCode.UNAVAILABLE, f"endpoint ejected as unhealthy ({err.detail})", endpoint=ep.address)
+        failure = EpisodeFailed(
+            grpc.StatusCode.UNAVAILABLE, f"endpoint ejected as unhealthy ({err.detail})", endpoint=ep.address
+        )
         for fut in list(ep.waiting):
             if not fut.done():
                 fut.set_exception(failure)
@@ -268,7 +276,10 @@ class EnvPool:
             result = await self._await(ep, method(request, timeout))
         if result.status.code != 0:
             raise EpisodeFailed(
-                status_code(result.status.code), result.status.message, endpoint=ep.address, session_id=request.session_id
+                status_code(result.status.code),
+                result.status.message,
+                endpoint=ep.address,
+                session_id=request.session_id,
             )
         return result
 
@@ -294,7 +305,9 @@ class EnvPool:
             self._tasks = [t for t in self._tasks if not t.done()]
 
     @staticmethod
-    async def _send_batch(send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any) -> None:
+    async def _send_batch(
+        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any
+    ) -> None:
         try:
             results = await send([req for req, _, _ in batch], timeout)
             for (_, fut, _), result in zip(batch, results, strict=True):
@@ -305,7 +318,9 @@ class EnvPool:
                 if fut.done():
                     continue
                 if isinstance(err, EpisodeFailed):
-                    fut.set_exception(EpisodeFailed(err.code, err.detail, endpoint=err.endpoint, session_id=req.session_id))
+                    fut.set_exception(
+                        EpisodeFailed(err.code, err.detail, endpoint=err.endpoint, session_id=req.session_id)
+                    )
                 else:
                     fut.set_exception(EpisodeFailed(grpc.StatusCode.CANCELLED, f"batch not delivered: {err!r}"))
             if not isinstance(err, Exception):

@@ -81,7 +81,10 @@ class EnvSession:
         self._check_open()
         if not self.episode_id:
             raise EpisodeFailed(
-                grpc.StatusCode.FAILED_PRECONDITION, "step() before reset()", endpoint=self.address, session_id=self.session_id
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "step() before reset()",
+                endpoint=self.address,
+                session_id=self.session_id,
             )
         request = pb.StepRequest(
             session_id=self.session_id,
@@ -119,7 +122,10 @@ class EnvSession:
     def _check_open(self) -> None:
         if self.closed:
             raise EpisodeFailed(
-                grpc.StatusCode.FAILED_PRECONDITION, "session is closed", endpoint=self.address, session_id=self.session_id
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "session is closed",
+                endpoint=self.address,
+                session_id=self.session_id,
             )
 
 

@@ -33,8 +33,14 @@ class _CounterEnv:
     @classmethod
     def describe(cls, config: CounterConfig) -> EnvSpec:
         return EnvSpec(
-            env_id=cls.env_id, version="1", instruction="count", action_format="any text", example_action="go",
-            max_steps=config.max_steps, reward_min=0.0, reward_max=1.0,
+            env_id=cls.env_id,
+            version="1",
+            instruction="count",
+            action_format="any text",
+            example_action="go",
+            max_steps=config.max_steps,
+            reward_min=0.0,
+            reward_max=1.0,
         )
 
     def reset(self, seed: int, options: Any = None) -> tuple[str, dict[str, Any]]:

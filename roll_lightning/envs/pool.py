@@ -44,6 +44,7 @@ class Endpoint:
     client: EnvClient
     capacity: int = 0
     active: int = 0  # as last reported by the server, plus sessions placed since
+    creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
     ejected: bool = False
     failures: int = 0
@@ -164,7 +165,9 @@ class EnvPool:
             status = await ep.client.health(self.health_timeout_s)
             if status == health_pb2.HealthCheckResponse.SERVING:
                 info = await ep.client.server_info(self.health_timeout_s)
-                ep.capacity, ep.active = info.max_sessions, info.active_sessions
+                ep.capacity = info.max_sessions
+                if not ep.creating:  # otherwise the server's count misses our in-flight placements
+                    ep.active = info.active_sessions
                 ep.accepting = not info.draining
             else:
                 ep.accepting = False
@@ -214,6 +217,7 @@ class EnvPool:
                 )
             ep = max(candidates, key=lambda e: e.free)
             ep.active += 1
+            ep.creating += 1
             try:
                 reply = await self._await(ep, ep.client.create_session(request, self.call_timeout_s))
             except EpisodeFailed as err:
@@ -224,6 +228,8 @@ class EnvPool:
                     ep.capacity = ep.active
                 tried.append(ep.address)
                 continue
+            finally:
+                ep.creating -= 1
             return EnvSession(self, ep, reply.session_id, reply.spec)
 
     async def _await(self, ep: Endpoint, coro: Any) -> Any:
@@ -256,6 +262,13 @@ class EnvPool:
 
     async def call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
         """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises."""
+        if ep.ejected:
+            raise EpisodeFailed(
+                grpc.StatusCode.UNAVAILABLE,
+                "endpoint is ejected as unhealthy",
+                endpoint=ep.address,
+                session_id=request.session_id,
+            )
         if self.transport == "batch":
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             ep.queues[kind].append((request, fut, time.monotonic() + timeout))
@@ -269,6 +282,9 @@ class EnvPool:
                     endpoint=ep.address,
                     session_id=request.session_id,
                 ) from None
+            finally:
+                if not fut.done():
+                    fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
         elif self.transport == "stream":
             result = await self._await(ep, ep.client.stream_call(request, timeout))
         else:

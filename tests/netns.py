@@ -15,20 +15,17 @@ after a failure, and reports what it could not remove.
 
 from __future__ import annotations
 
-import ctypes
 import ipaddress
-import json
 import os
 import random
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from roll_lightning.envs.local import LocalServer, launch_local_server
 
 IP = shutil.which("ip") or ("/usr/sbin/ip" if os.path.exists("/usr/sbin/ip") else None)
 
@@ -57,43 +54,13 @@ def ip(*args: str, check: bool = True, timeout: float = 10.0) -> str:
     return proc.stdout
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[str]
-    address: str
-    server_id: str
-    log_path: str
-
-    def log(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def stop(self, timeout: float = 3.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
 @dataclass
 class Host:
     name: str  # the namespace
     address: str  # its IPv4 address on the lab bridge
     root_if: str  # the veth end in the root namespace (a bridge port)
     inner_if: str  # the veth end inside the namespace
-    servers: list[ServerProcess] = field(default_factory=list)
+    servers: list[LocalServer] = field(default_factory=list)
 
     def exec(self, *cmd: str, check: bool = True) -> str:
         return ip("netns", "exec", self.name, *cmd, check=check)
@@ -105,40 +72,19 @@ class Host:
         port: int = 50051,
         extra_args: Sequence[str] = (),
         ready_timeout_s: float = 60.0,
-    ) -> ServerProcess:
+    ) -> LocalServer:
         """Start ``python -m env_servers serve`` in this namespace, bound to its address; waits for the ready line."""
         assert IP is not None
-        cmd = [
-            IP, "netns", "exec", self.name,  # `ip netns exec` execs the command: the pid is the server's own
-            sys.executable, "-m", "env_servers", "serve", *env_ids,
-            "--host", self.address, "--port", str(port), *extra_args,
-        ]  # fmt: skip
-        log = tempfile.NamedTemporaryFile("w+", prefix=f"env-server-{self.name}-", suffix=".log", delete=False)  # noqa: SIM115
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            preexec_fn=_die_with_parent,
+        server = launch_local_server(
+            env_ids,
+            host=self.address,
+            port=port,
+            extra_args=extra_args,
+            ready_timeout_s=ready_timeout_s,
+            prefix=[IP, "netns", "exec", self.name],  # `ip netns exec` execs: the pid is the server's own
         )
-        assert proc.stdout is not None
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline and proc.poll() is None:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-            if ready:
-                line = proc.stdout.readline()
-                if line.startswith("{"):
-                    info = json.loads(line)
-                    server = ServerProcess(proc, info["address"], info["server_id"], log.name)
-                    self.servers.append(server)
-                    return server
-        problem = "did not report ready in time" if proc.poll() is None else f"exited with code {proc.returncode}"
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        raise RuntimeError(f"env server in netns {self.name} ({' '.join(cmd)}) {problem}:\n{log.read()[-3000:]}")
+        self.servers.append(server)
+        return server
 
     def cut(self) -> None:
         """Pull the cable: take the host's bridge port down. In-flight packets vanish (no RST, no ICMP)."""

@@ -115,7 +115,7 @@ async def test_killed_server_fails_the_episode_within_the_deadline(subprocess_en
             start = time.monotonic()
             with pytest.raises(EpisodeFailed) as info:
                 await session.step("go")
-            assert time.monotonic() - start < 2.0 + 1.0, "an unreachable server must not outlive the deadline"
+            assert time.monotonic() - start < 2.0 + 2.0, "an unreachable server must not outlive the deadline (+ slack)"
             assert info.value.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
             assert info.value.session_id == session.session_id and info.value.infrastructure
     finally:

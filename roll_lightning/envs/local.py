@@ -36,6 +36,10 @@ class LocalServer:
     server_id: str
     log_path: str  # the server's stderr (its log), kept in a file so a chatty server never blocks on a pipe
 
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM (graceful drain), then SIGKILL after ``timeout``; returns the exit code."""
         if self.process.poll() is None:
@@ -45,6 +49,8 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return self.process.returncode
 
 
@@ -52,13 +58,19 @@ def launch_local_server(
     env_ids: Sequence[str],
     *,
     host: str = "127.0.0.1",
+    port: int = 0,
     extra_args: Sequence[str] = (),
     ready_timeout_s: float = 60.0,
+    prefix: Sequence[str] = (),
 ) -> LocalServer:
-    """Start one server process and wait for its ready line; raises RuntimeError with its stderr on failure."""
+    """Start one server process and wait for its ready line; raises RuntimeError with its log on failure.
+
+    ``prefix`` runs the server under another command that execs it, e.g. ``["ip", "netns", "exec", "host1"]``.
+    """
     if not env_ids:
         raise ValueError("env_ids: name at least one env for the local server to serve")
-    cmd = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", "0", *extra_args]
+    serve = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", str(port)]
+    cmd = [*prefix, *serve, *extra_args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = tempfile.NamedTemporaryFile("w+", prefix="env-server-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent)

@@ -1,0 +1,413 @@
+"""Env server benchmark (issue 2): env steps/s in-process vs over gRPC, Sokoban generation time, server memory.
+
+1. Throughput. 64 sessions of FrozenLake (4x4) and of Sokoban (6x6, 1 box) are played in lockstep turns (every
+   session gets one reply per turn, as in a rollout), with random valid moves mixed with ~10% invalid replies;
+   an episode that ends is reset with a fresh seed (reset time counts, reset calls are not counted as steps).
+   Variants: in-process (`env.step` directly), and `EnvPool` with transport unary / batch / stream against a
+   server in a separate process (the headline: client and server do not share a GIL) and on a thread of this
+   process. Variants are interleaved per repeat (A,B,C,..,A,B,C,..) because the machine is noisy; we report the
+   median steps/s over repeats, per-call latency p50/p99 (all repeats pooled) and CPU microseconds per step.
+2. Sokoban level generation (`generate_level`, no cache) per size over many seeds: median, p90, max; GEM's
+   generator side by side when `gem` imports here or in /tmp/gemvenv, else GEM's recorded reference numbers.
+3. Server process RSS (psutil): at start, with N open idle sessions (created and reset once), and while 64
+   sessions play N short episodes (RSS every N/10 episodes).
+
+Run:  .venv/bin/python bench/env_throughput.py          (full, several minutes)
+      .venv/bin/python bench/env_throughput.py --quick  (smoke, < 1 minute)
+Prints tables and writes bench/results/env_throughput-<utc time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import google.protobuf
+import grpc
+import numpy as np
+import psutil
+
+from env_servers.envs.sokoban.generator import generate_level
+from env_servers.registry import get_env
+from env_servers.server import EnvServer, ServerConfig
+from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.envs import EnvClient, EnvPool, EnvSession
+from roll_lightning.envs.local import launch_local_server
+
+SESSIONS = 64
+ENVS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "frozenlake": ({}, ("Left", "Down", "Right", "Up")),
+    "sokoban": ({"dim_room": [6, 6], "num_boxes": 1}, ("Up", "Down", "Left", "Right")),
+}
+INVALID = ("I would go left.", "<answer>Jump</answer>", "<answer></answer>")
+GEN_SIZES = (((6, 6), 1), ((6, 6), 2), ((8, 8), 2), ((8, 8), 4), ((10, 10), 4))
+# envs.md §3.1: GEM's generator, 12 seeds per size, medians in ms (max where recorded), this kind of 2-core box.
+GEM_REFERENCE_MS = {"6x6/1": 3, "6x6/2": 20, "8x8/2": 69, "8x8/4": 2500, "10x10/4": 7400}
+ROOT = Path(__file__).resolve().parent
+GEM_SCRIPT = """
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+from gem.envs.game_env.sokoban.utils import generate_room
+sizes, n, budget = json.loads(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+out = {}
+for (h, w), boxes in sizes:
+    times, start = [], time.perf_counter()
+    for seed in range(n):  # GEM's reset: retry with seed + attempt until a room is made
+        t = time.perf_counter()
+        for attempt in range(50):
+            try:
+                generate_room(dim=(h, w), num_steps=int(1.7 * (h + w)), num_boxes=boxes, seed=seed + attempt)
+                break
+            except (RuntimeError, RuntimeWarning):
+                pass
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() - start > budget:  # 8x8/4 and 10x10/4 take seconds per level
+            break
+    out[f"{h}x{w}/{boxes}"] = times
+print(json.dumps(out))
+"""
+
+
+def action_picker(moves: tuple[str, ...], seed: int) -> Callable[[], str]:
+    """Random valid move, or ~10% of the time an invalid reply (the env's format penalty path)."""
+    rng = random.Random(seed)
+    return lambda: rng.choice(INVALID) if rng.random() < 0.1 else f"<answer>{rng.choice(moves)}</answer>"
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+class Seeds:
+    """Fresh episode seeds; each variant gets its own range so no variant hits another's level cache."""
+
+    def __init__(self, base: int) -> None:
+        self.next = base * 10_000_000
+
+    def __call__(self) -> int:
+        self.next += 1
+        return self.next
+
+
+def run_inprocess(envs: list[Any], pick: Callable[[], str], seeds: Seeds, duration: float) -> dict[str, Any]:
+    lat: list[float] = []
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        for env in envs:
+            t0 = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(pick())
+            lat.append(time.perf_counter() - t0)
+            if terminated or truncated:
+                env.reset(seeds(), None)
+        steps += len(envs)
+    return {"steps": steps, "seconds": time.perf_counter() - start, "lat": lat}
+
+
+async def run_grpc(
+    sessions: list[EnvSession], pick: Callable[[], str], seeds: Seeds, duration: float
+) -> dict[str, Any]:
+    lat: list[float] = []
+
+    async def timed_step(session: EnvSession) -> bool:
+        t0 = time.perf_counter()
+        out = await session.step(pick())
+        lat.append(time.perf_counter() - t0)
+        return out.done
+
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        done = await asyncio.gather(*(timed_step(s) for s in sessions))
+        await asyncio.gather(*(s.reset(seed=seeds()) for s, d in zip(sessions, done, strict=True) if d))
+        steps += len(sessions)
+    return {"steps": steps, "seconds": time.perf_counter() - start, "lat": lat}
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+async def open_variants(env_id: str, addresses: dict[str, str], pools: list[EnvPool]) -> dict[str, Any]:
+    """name -> (duration -> awaitable run result) for one env; gRPC sessions are opened and reset here."""
+    config, moves = ENVS[env_id]
+    entry, pick = get_env(env_id), action_picker(moves, 0)
+    envs = [entry.make(entry.make_config(config)) for _ in range(SESSIONS)]
+    seeds = Seeds(1)
+    for env in envs:
+        env.reset(seeds(), None)
+    loop = asyncio.get_running_loop()
+    # In-process runs off the loop so the pools' health checks keep being answered meanwhile.
+    variants = {"in-process": functools.partial(loop.run_in_executor, None, run_inprocess, envs, pick, seeds)}
+    for where, address in addresses.items():
+        for transport in ("unary", "batch", "stream"):
+            pool = EnvPool([address], transport=transport, health_interval_s=30.0)  # type: ignore[arg-type]
+            await pool.start()
+            pools.append(pool)
+            sessions = list(await asyncio.gather(*(pool.open(env_id, config) for _ in range(SESSIONS))))
+            seeds = Seeds(len(variants) + 1)
+            await asyncio.gather(*(s.reset(seed=seeds()) for s in sessions))
+            variants[f"{transport}/{where}"] = functools.partial(run_grpc, sessions, pick, seeds)
+    return variants
+
+
+async def bench_throughput(duration: float, repeats: int, server_pid: int, addresses: dict[str, str]) -> dict[str, Any]:
+    me, server = psutil.Process(), psutil.Process(server_pid)
+    results: dict[str, Any] = {}
+    pools: list[EnvPool] = []
+    for env_id in ENVS:
+        variants = await open_variants(env_id, addresses, pools)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+        for run in variants.values():  # warm-up: first-call costs (channels, caches) out of the numbers
+            await run(min(0.3, duration))
+        for _ in range(repeats):
+            for name, run in variants.items():  # interleaved: A,B,C,D,A,B,C,D,...
+                srv = server if name.endswith("/process") else None
+                batches0, c0, s0 = sum(p.stats["batches"] for p in pools), cpu_seconds(me), cpu_seconds(srv)
+                out = await run(duration)
+                out["client_cpu"], out["server_cpu"] = cpu_seconds(me) - c0, cpu_seconds(srv) - s0
+                out["batches"] = sum(p.stats["batches"] for p in pools) - batches0
+                runs[name].append(out)
+        results[env_id] = {name: summarize(rs) for name, rs in runs.items()}
+        for r in results[env_id].values():
+            r["ratio_to_in_process"] = r["steps_per_s"] / results[env_id]["in-process"]["steps_per_s"]
+    for pool in pools:
+        await pool.close()
+    return results
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = [x for r in runs for x in r["lat"]]
+    steps = sum(r["steps"] for r in runs)
+    return {
+        "steps_per_s": statistics.median(r["steps"] / r["seconds"] for r in runs),
+        "steps_per_s_repeats": [round(r["steps"] / r["seconds"], 1) for r in runs],
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "client_cpu_us_per_step": sum(r["client_cpu"] for r in runs) / steps * 1e6,
+        "server_cpu_us_per_step": sum(r["server_cpu"] for r in runs) / steps * 1e6,
+        # BatchStep + BatchReset RPCs per lockstep turn (batch transport only): 1.0 would be one RPC per turn.
+        "rpcs_per_turn": (sum(r["batches"] for r in runs) / (steps / SESSIONS)) or None,
+    }
+
+
+def bench_generation(n_seeds: int, gem_budget_s: float) -> dict[str, Any]:
+    ours: dict[str, list[float]] = {}
+    for dim, boxes in GEN_SIZES:
+        times = []
+        for seed in range(n_seeds):
+            t0 = time.perf_counter()
+            generate_level(dim, boxes, seed)
+            times.append(time.perf_counter() - t0)
+        ours[f"{dim[0]}x{dim[1]}/{boxes}"] = times
+    gem, gem_source = (
+        run_gem(n_seeds, gem_budget_s) if gem_budget_s > 0 else (None, "recorded reference (envs.md §3.1, 12 seeds)")
+    )
+    return {
+        "ours": {k: timing_stats(v) for k, v in ours.items()},
+        "gem": {k: timing_stats(v) for k, v in gem.items()}
+        if gem
+        else {k: {"median_ms": v} for k, v in GEM_REFERENCE_MS.items()},
+        "gem_source": gem_source,
+    }
+
+
+def timing_stats(seconds: list[float]) -> dict[str, float]:
+    return {
+        "n": len(seconds),
+        "median_ms": pct(seconds, 50) * 1e3,
+        "p90_ms": pct(seconds, 90) * 1e3,
+        "max_ms": max(seconds) * 1e3,
+    }
+
+
+def run_gem(n_seeds: int, budget_s: float) -> tuple[dict[str, list[float]] | None, str]:
+    """Time GEM's generator in a python that has `gem` (never a dependency of this project)."""
+    for python in (sys.executable, "/tmp/gemvenv/bin/python"):
+        if not Path(python).exists():
+            continue
+        if subprocess.run([python, "-c", "import gem"], capture_output=True).returncode != 0:
+            continue
+        sizes = json.dumps([[list(d), b] for d, b in GEN_SIZES])
+        out = subprocess.run(
+            [python, "-c", GEM_SCRIPT, sizes, str(n_seeds), str(budget_s)], capture_output=True, text=True
+        )
+        if out.returncode == 0:
+            return json.loads(out.stdout.strip().splitlines()[-1]), f"measured now ({python})"
+    return None, "recorded reference (envs.md §3.1, 12 seeds): gem not importable"
+
+
+def rss_mb(pid: int) -> float:
+    time.sleep(0.3)  # let in-flight frees settle
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+async def bench_memory(n: int) -> dict[str, Any]:
+    """RSS of fresh server processes: idle sessions, then short episodes on a fixed set of sessions."""
+    args = ["--max-sessions", str(2 * n + 256), "--log-level", "WARNING"]
+    out: dict[str, Any] = {"n": n}
+    server = launch_local_server(["frozenlake", "sokoban"], extra_args=args)
+    client = EnvClient(server.address)
+    try:
+        out["idle_rss_mb"] = {"start": rss_mb(server.process.pid)}
+        gate, seed = asyncio.Semaphore(64), iter(range(1, 10**9))
+        for env_id, (config, _) in ENVS.items():
+
+            async def create(env_id: str = env_id, config: dict[str, Any] = config) -> str:
+                req = pb.CreateSessionRequest(env_id=env_id, request_id=uuid.uuid4().hex)
+                req.config.update(config)
+                async with gate:
+                    return (await client.create_session(req, 30.0)).session_id
+
+            ids = await asyncio.gather(*(create() for _ in range(n)))
+            out["idle_rss_mb"][f"+{n} {env_id} created"] = rss_mb(server.process.pid)
+            for i in range(0, n, 256):  # one episode open in every session, then idle
+                await client.batch_reset(
+                    [
+                        pb.ResetRequest(session_id=s, seed=next(seed), request_id=uuid.uuid4().hex)
+                        for s in ids[i : i + 256]
+                    ],
+                    60.0,
+                )
+            out["idle_rss_mb"][f"+{n} {env_id} reset"] = rss_mb(server.process.pid)
+    finally:
+        await client.close()
+        server.stop()
+    server = launch_local_server(["frozenlake", "sokoban"], extra_args=args)
+    try:
+        async with EnvPool([server.address], transport="batch", health_interval_s=30.0) as pool:
+            sessions = [await pool.open(e, {**ENVS[e][0], "max_steps": 5}) for e in ENVS for _ in range(SESSIONS // 2)]
+            picks = [action_picker(ENVS[s.spec.env_id][1], i) for i, s in enumerate(sessions)]
+            seeds = Seeds(99)
+            await asyncio.gather(*(s.reset(seed=seeds()) for s in sessions))
+            episodes, samples = 0, {0: rss_mb(server.process.pid)}
+            while episodes < n:
+                done = await asyncio.gather(*(s.step(p()) for s, p in zip(sessions, picks, strict=True)))
+                ended = [s for s, o in zip(sessions, done, strict=True) if o.done]
+                await asyncio.gather(*(s.reset(seed=seeds()) for s in ended))
+                before, episodes = episodes, episodes + len(ended)
+                if episodes // max(1, n // 10) != before // max(1, n // 10) or episodes >= n:
+                    samples[episodes] = rss_mb(server.process.pid)
+            out["episodes_rss_mb"] = samples
+    finally:
+        server.stop()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    return {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "bench/env_throughput.py", *sys.argv[1:]]),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), ""),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "protobuf": google.protobuf.__version__,
+        "numpy": np.__version__,
+        "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
+    }
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def report(res: dict[str, Any]) -> None:
+    m = res["machine"]
+    print(f"\n# env_throughput  {m['date_utc']}  `{m['command']}`")
+    print(f"# {m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, grpcio {m['grpcio']}, ", end="")
+    print(f"protobuf {m['protobuf']}, load average {m['loadavg_at_start'][0]:.1f} at start")
+    head = ("variant", "steps/s", "vs in-proc", "p50 ms", "p99 ms", "cli us/st", "srv us/st", "RPC/turn")
+    for env_id, rows in res["throughput"].items():
+        print(
+            f"\n## {env_id}: {SESSIONS} sessions, lockstep turns (median of {res['repeats']} x {res['duration_s']} s)"
+        )
+        print(f"{head[0]:<16}" + "".join(f"{h:>11}" for h in head[1:]))
+        for name, r in rows.items():
+            rpt = f"{r['rpcs_per_turn']:.2f}" if r["rpcs_per_turn"] else "-"
+            cells = (f"{r['steps_per_s']:.0f}", f"{r['ratio_to_in_process']:.1%}", f"{r['p50_ms']:.3f}",
+                     f"{r['p99_ms']:.3f}", f"{r['client_cpu_us_per_step']:.1f}", f"{r['server_cpu_us_per_step']:.1f}",
+                     rpt)  # fmt: skip
+            print(f"{name:<16}" + "".join(f"{c:>11}" for c in cells))
+    fl = res["throughput"]["frozenlake"]["batch/process"]["ratio_to_in_process"]
+    print(f"target FrozenLake batch/process >= 50% of in-process: {fl:.1%} -> {verdict(fl >= 0.5)}")
+    g = res["generation"]
+    print(f"\n## Sokoban generation (ours: {res['gen_seeds']} seeds; GEM: {g['gem_source']})")
+    head = ("size", "median ms", "p90 ms", "max ms", "GEM med", "GEM p90", "GEM max", "GEM n", "speedup")
+    print(f"{head[0]:<9}" + "".join(f"{h:>10}" for h in head[1:]))
+    for size, r in g["ours"].items():
+        o = g["gem"].get(size, {})
+        cells = [f"{r[k]:.2f}" for k in ("median_ms", "p90_ms", "max_ms")]
+        cells += [f"{o[k]:.1f}" if k in o else "-" for k in ("median_ms", "p90_ms", "max_ms", "n")]
+        print(f"{size:<9}" + "".join(f"{c:>10}" for c in cells) + f"{o['median_ms'] / r['median_ms']:>9.0f}x")
+    a, b = g["ours"]["6x6/1"]["median_ms"], g["ours"]["8x8/4"]["median_ms"]
+    print(f"targets: 6x6/1 median < 5 ms: {a:.2f} ms {verdict(a < 5)}; 8x8/4 < 200 ms: {b:.1f} ms {verdict(b < 200)}")
+    n, idle = res["memory"]["n"], res["memory"]["idle_rss_mb"]
+    print(f"\n## Server process RSS (MB), {n} sessions per env")
+    for k, v in idle.items():
+        print(f"  {k:<28}{v:>8.1f}")
+    for env_id, prev in (("frozenlake", idle["start"]), ("sokoban", idle[f"+{n} frozenlake reset"])):
+        delta = idle[f"+{n} {env_id} reset"] - prev
+        kb, at_10k = delta * 1024 / n, idle["start"] + delta * 10_000 / n
+        print(f"  {env_id}: {kb:.1f} KB per idle session (target <= 50 KB) {verdict(kb <= 50)}; "
+              f"10k sessions -> {at_10k:.0f} MB RSS (target < 500 MB) {verdict(at_10k < 500)}")  # fmt: skip
+    samples = ", ".join(f"{k}: {v:.1f}" for k, v in res["memory"]["episodes_rss_mb"].items())
+    print(f"  RSS after k short episodes on 64 sessions: {samples}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (< 1 minute)")
+    args = parser.parse_args()
+    duration, repeats = (0.4, 3) if args.quick else (2.0, 5)
+    gen_seeds, gem_budget = (10, 0.0) if args.quick else (40, 40.0)  # quick: GEM's recorded numbers only
+    mem_n = 1000 if args.quick else 10_000
+    res: dict[str, Any] = {"machine": machine(), "duration_s": duration, "repeats": repeats, "gen_seeds": gen_seeds}
+    t0 = time.perf_counter()
+    proc_server = launch_local_server(["frozenlake", "sokoban"], extra_args=["--log-level", "WARNING"])
+    thread_server = EnvServer.run_in_thread(ServerConfig(env_ids=("frozenlake", "sokoban"), port=0))
+    try:
+        addresses = {"process": proc_server.address, "thread": thread_server.address}
+        res["throughput"] = asyncio.run(bench_throughput(duration, repeats, proc_server.process.pid, addresses))
+    finally:
+        thread_server.stop()
+        proc_server.stop()
+    res["seconds"] = {"throughput": time.perf_counter() - t0}
+    res["generation"] = bench_generation(gen_seeds, gem_budget)
+    res["seconds"]["generation"] = time.perf_counter() - t0 - sum(res["seconds"].values())
+    res["memory"] = asyncio.run(bench_memory(mem_n))
+    res["seconds"]["memory"] = time.perf_counter() - t0 - sum(res["seconds"].values())
+    res["machine"]["loadavg_at_end"] = os.getloadavg()
+    report(res)
+    m0 = res["machine"]
+    out_dir = ROOT / "results"
+    out_dir.mkdir(exist_ok=True)
+    path = out_dir / f"env_throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(res, indent=2, default=str))
+    print(
+        f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}; "
+        f"load average at start {m0['loadavg_at_start'][0]:.1f}, at end {m0['loadavg_at_end'][0]:.1f}"
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,7 @@ async def play(session, seed: int, steps: int) -> list[tuple[str, float, bool]]:
     trace = [(await session.reset(seed=seed)).observation]
     for i in range(steps):
         out = await session.step(ACTIONS[(seed + i) % len(ACTIONS)])
-        trace.append((out.observation, out.reward, out.action_valid))
+        trace.append((out.observation, out.reward, out.action_valid, sorted(out.info.items()), out.metrics))
         if out.done:
             break
     return trace
@@ -77,6 +77,8 @@ async def test_transports_agree(server, env_id):
             session = await pool.open(env_id)
             traces[transport] = await play(session, seed=21, steps=12)
     assert traces["batch"] == traces["stream"] == traces["unary"]
+    if env_id == "sokoban":
+        assert all(dict(step[3])["boxes_on_target"] >= 0 for step in traces["batch"][1:]), "info arrives"
 
 
 async def test_concurrent_steps_are_batched(server):

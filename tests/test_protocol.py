@@ -291,3 +291,27 @@ def test_server_info_describe_health_and_reflection(server, stub):
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         services = ProtoReflectionDescriptorDatabase(channel).get_services()
         assert "roll_lightning.env.v1.EnvService" in services and "grpc.health.v1.Health" in services
+
+
+def test_cheap_batches_run_inline_and_slow_ones_on_the_pool(server, stub):
+    from env_servers.server.service import INLINE_BUDGET_S
+
+    service = server.server.service
+    sids = [create(stub, request_id=f"c{i}") for i in range(8)]
+    eps = {sid: reset(stub, sid).episode_id for sid in sids}
+    for index in range(2):
+        items = [
+            pb.StepRequest(
+                session_id=s, episode_id=e, step_index=index, action=pb.Action(text="bad"), request_id=f"{index}"
+            )
+            for s, e in eps.items()
+        ]
+        assert all(item.status.code == 0 for item in stub.BatchStep(pb.BatchStepRequest(items=items), timeout=10).items)
+    assert service.step_item_seconds * len(sids) < INLINE_BUDGET_S, "FrozenLake steps are cheap: run inline"
+    slow = create(stub, "slow", {"delay_s": 0.01}, request_id="slow")
+    episode = reset(stub, slow).episode_id
+    for index in range(3):
+        item = pb.StepRequest(session_id=slow, episode_id=episode, step_index=index, action=pb.Action(text="go"))
+        item.request_id = f"b{index}"
+        assert stub.BatchStep(pb.BatchStepRequest(items=[item]), timeout=10).items[0].status.code == 0
+    assert service.step_item_seconds > INLINE_BUDGET_S, "the average moved up: slow steps go back to the pool"

@@ -193,7 +193,6 @@ class FrozenLakeEnv:
         success = self._cell() == "G"
         info = {
             "action_valid": moves is not None,
-            "steps": self._steps,
             "metrics": {
                 "action_valid": float(moves is not None),
                 "action_effective": float(self._pos != old),

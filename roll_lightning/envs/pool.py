@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -270,21 +269,7 @@ class EnvPool:
                 session_id=request.session_id,
             )
         if self.transport == "batch":
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            ep.queues[kind].append((request, fut, time.monotonic() + timeout))
-            ep.wakeups[kind].set()
-            try:
-                result = await self._await(ep, asyncio.wait_for(fut, timeout))
-            except TimeoutError:
-                raise EpisodeFailed(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no answer within {timeout:.1f}s",
-                    endpoint=ep.address,
-                    session_id=request.session_id,
-                ) from None
-            finally:
-                if not fut.done():
-                    fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
+            result = await self._batched(ep, kind, request, timeout)
         elif self.transport == "stream":
             result = await self._await(ep, ep.client.stream_call(request, timeout))
         else:
@@ -298,6 +283,23 @@ class EnvPool:
                 session_id=request.session_id,
             )
         return result
+
+    async def _batched(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
+        # The hot path: one plain future per call, no extra Task. The future sits in the endpoint's queue (for
+        # the flusher) and in `ep.waiting` (so an ejection fails it at once); a timer enforces the deadline.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        ep.queues[kind].append((request, fut, loop.time() + timeout))
+        ep.wakeups[kind].set()
+        ep.waiting.add(fut)
+        timer = loop.call_later(timeout, _expire, fut, ep.address, request.session_id, timeout)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            ep.waiting.discard(fut)
+            if not fut.done():
+                fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
 
     async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
         inflight = asyncio.Semaphore(self.max_inflight_batches)
@@ -316,7 +318,7 @@ class EnvPool:
                 continue
             self.stats["batches"] += 1
             self.stats["batched_items"] += len(batch)
-            timeout = max(0.001, min(deadline for _, _, deadline in batch) - time.monotonic())
+            timeout = max(0.001, min(deadline for _, _, deadline in batch) - asyncio.get_running_loop().time())
             self._tasks.append(asyncio.create_task(self._send_batch(send, batch, timeout, inflight)))
             self._tasks = [t for t in self._tasks if not t.done()]
 
@@ -343,3 +345,15 @@ class EnvPool:
                 raise
         finally:
             inflight.release()
+
+
+def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(
+            EpisodeFailed(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer within {timeout:.1f}s",
+                endpoint=address,
+                session_id=session_id,
+            )
+        )

@@ -6,6 +6,8 @@ fresh request id per call (reused for retries inside the client, so a retried St
 
 from __future__ import annotations
 
+import functools
+import itertools
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,9 +41,14 @@ class StepOutcome:
     terminated: bool
     truncated: bool
     action_valid: bool
-    info: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     env_seconds: float = 0.0
+    raw_info: Any = field(default=None, repr=False)  # the protobuf Struct; `info` converts it on first use
+
+    @functools.cached_property
+    def info(self) -> dict[str, Any]:
+        """The env's info dict (JSON types: numbers arrive as floats)."""
+        return json_format.MessageToDict(self.raw_info) if self.raw_info is not None else {}
 
     @property
     def done(self) -> bool:
@@ -59,6 +66,9 @@ class EnvSession:
         self.episode_id = ""
         self.step_index = 0
         self.closed = False
+        # Request ids need only be unique within a session (the server keys replay by session); a counter is
+        # cheaper than a uuid on the hot path, and retries inside the client reuse the same request.
+        self._request_ids = map(str, itertools.count(1))
 
     @property
     def address(self) -> str:
@@ -67,7 +77,7 @@ class EnvSession:
     async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetOutcome:
         """Start a new episode; ``seed=None`` lets the server draw one (returned in the outcome)."""
         self._check_open()
-        request = pb.ResetRequest(session_id=self.session_id, request_id=new_request_id())
+        request = pb.ResetRequest(session_id=self.session_id, request_id=next(self._request_ids))
         if seed is not None:
             request.seed = seed
         if options:
@@ -91,7 +101,7 @@ class EnvSession:
             episode_id=self.episode_id,
             step_index=self.step_index,
             action=pb.Action(text=action),
-            request_id=new_request_id(),
+            request_id=next(self._request_ids),
         )
         result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
         self.step_index += 1
@@ -101,9 +111,9 @@ class EnvSession:
             terminated=result.terminated,
             truncated=result.truncated,
             action_valid=result.action_valid,
-            info=_to_dict(result, "info"),
             metrics=dict(result.metrics),
             env_seconds=result.env_seconds,
+            raw_info=result.info if result.HasField("info") else None,
         )
 
     async def close(self) -> None:

@@ -146,7 +146,6 @@ class SokobanEnv:
         info = {
             "action_valid": moves is not None,
             "boxes_on_target": on_target,
-            "steps": self._steps,
             "metrics": {
                 "action_valid": float(moves is not None),
                 "action_effective": float(effective),

@@ -79,7 +79,7 @@ class EnvPool:
         health_timeout_s: float = 1.0,
         eject_after: int = 2,
         max_batch: int = 256,
-        max_inflight_batches: int = 4,
+        max_inflight_batches: int = 2,
     ) -> None:
         """
         Args:

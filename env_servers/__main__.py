@@ -79,6 +79,24 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conformance(args: argparse.Namespace) -> int:
+    from env_servers.conformance import run_conformance
+
+    results = run_conformance(
+        args.address,
+        args.env,
+        config=json.loads(args.config) if args.config else None,
+        second=args.second,
+        token=args.token or os.environ.get("ROLL_ENV_TOKEN"),
+    )
+    failed = [name for name, message in results.items() if message]
+    print(
+        f"{len(results) - len(failed)}/{len(results)} checks passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m env_servers", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -113,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--config", help="env config as JSON, e.g. '{\"dim_room\": [8, 8]}'")
     describe.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     describe.set_defaults(func=_describe)
+
+    conformance = sub.add_parser("conformance", help="check that a running server (any language) follows the protocol")
+    conformance.add_argument("address", help="host:port of the server under test")
+    conformance.add_argument("--env", required=True, help="env id to test on that server")
+    conformance.add_argument("--config", help="env config as JSON")
+    conformance.add_argument("--second", help="host:port of a second process of the same server (determinism check)")
+    conformance.add_argument("--token", help="bearer token, if the server requires one")
+    conformance.set_defaults(func=_conformance)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -27,6 +27,9 @@ class EnvEntry:
 
 
 _REGISTRY: dict[str, EnvEntry] = {}
+# Families of ids served by an adapter: prefix -> (module that provides it, function id -> EnvEntry).
+_PREFIXES: dict[str, Callable[[str], EnvEntry]] = {}
+_ADAPTER_MODULES = {"gem:": "env_servers.envs.gem_adapter"}
 _BUILTINS_LOADED = False
 
 
@@ -42,6 +45,11 @@ def register(env_id: str, config_cls: type) -> Callable[[type], type]:
     return wrap
 
 
+def register_prefix(prefix: str, factory: Callable[[str], EnvEntry]) -> None:
+    """Serve every id starting with ``prefix`` through ``factory`` (e.g. ``gem:game:Sudoku-v0-easy``)."""
+    _PREFIXES[prefix] = factory
+
+
 def _load_builtins() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
@@ -52,10 +60,17 @@ def _load_builtins() -> None:
 def get_env(env_id: str) -> EnvEntry:
     """The entry for ``env_id``; ``KeyError`` naming the known ids otherwise."""
     _load_builtins()
-    try:
+    if env_id in _REGISTRY:
         return _REGISTRY[env_id]
-    except KeyError:
-        raise KeyError(f"unknown env id '{env_id}' (known: {', '.join(sorted(_REGISTRY))})") from None
+    for prefix, module in _ADAPTER_MODULES.items():
+        if env_id.startswith(prefix) and prefix not in _PREFIXES:
+            importlib.import_module(module)  # an optional adapter: imported only when one of its ids is asked for
+    for prefix, factory in _PREFIXES.items():
+        if env_id.startswith(prefix):
+            _REGISTRY[env_id] = factory(env_id)
+            return _REGISTRY[env_id]
+    known = ", ".join([*sorted(_REGISTRY), *(f"{p}<id>" for p in sorted({*_PREFIXES, *_ADAPTER_MODULES}))])
+    raise KeyError(f"unknown env id '{env_id}' (known: {known})")
 
 
 def known_env_ids() -> list[str]:

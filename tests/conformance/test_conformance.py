@@ -26,6 +26,25 @@ def two_servers():
 
 @pytest.mark.parametrize("env_id", PYTHON_ENVS)
 def test_python_env_servers_conform(two_servers, env_id):
+    check_all(two_servers, env_id)
+
+
+GEM_GAMES = ["gem:game:GuessTheNumber-v0-easy", "gem:game:Minesweeper-v0-easy"]
+
+
+@pytest.mark.parametrize("env_id", GEM_GAMES)
+def test_gem_games_conform(env_id):
+    pytest.importorskip("gem", reason="the optional gem-llm extra is not installed (needs Python <= 3.12.0)")
+    servers = [launch_local_server(GEM_GAMES) for _ in range(2)]
+    try:
+        check_all([s.address for s in servers], env_id)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def check_all(addresses: list[str], env_id: str) -> None:
+    two_servers = addresses
     lines: list[str] = []
     results = run_conformance(two_servers[0], env_id, second=two_servers[1], report=lines.append)
     assert set(results) == set(CHECKS)

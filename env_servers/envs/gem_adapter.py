@@ -1,0 +1,161 @@
+"""Serve GEM environments (the optional `gem-llm` distribution) over our protocol: ids ``gem:<GEM id>``.
+
+    python -m env_servers serve gem:game:GuessTheNumber-v0-easy gem:game:Minesweeper-v0-easy
+
+`gem-llm` is an optional extra (``pip install 'roll_lightning[gem]'``): it is heavy (~40 packages) and
+requires Python <= 3.12.0. Offline, the `game:*` ids work except Wordle, Hangman and WordSearch (they download
+NLTK data); dataset ids (math:, qa:, code:) need the HF Hub (shared/reference/envs.md §2).
+
+Two things the adapter fixes for GEM:
+- **RNG isolation.** GEM seeds and uses the process-global `random` and `numpy.random`, so two sessions
+  interleaved in one process diverge from the same seed. Every adapter session keeps its own copy of both
+  global states and swaps it in, under a process-wide lock, around each reset/step.
+- **The observation.** GEM puts the current board or prompt in ``info["suffix"]``; like ROLL's GEM template
+  ("{observation}\\n{suffix}") the adapter appends it to the observation text.
+A GEM format error is reported as ``action_valid=False`` (GEM gives it a -0.1 reward and ends the episode).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from env_servers.api import EnvSpec
+from env_servers.registry import EnvEntry, register_prefix
+
+PREFIX = "gem:"
+_GLOBAL_RNG_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class GemConfig:
+    max_steps: int = field(default=50, metadata={"doc": "turns before we truncate (GEM games also have their own)"})
+    make_kwargs: str = field(default="{}", metadata={"doc": "JSON object of keyword arguments for gem.make"})
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        try:
+            kwargs = json.loads(self.make_kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"make_kwargs is not JSON: {exc}") from exc
+        if not isinstance(kwargs, dict):
+            raise ValueError("make_kwargs must be a JSON object")
+
+
+def _import_gem() -> Any:
+    try:
+        import gem
+    except ImportError as exc:
+        raise RuntimeError(
+            "GEM envs need the optional gem-llm package: pip install 'roll_lightning[gem]' (Python <= 3.12.0)"
+        ) from exc
+    return gem
+
+
+class GemEnv:
+    """One GEM env instance with its own copy of the global RNG states."""
+
+    gem_id = ""
+
+    def __init__(self, config: GemConfig) -> None:
+        gem = _import_gem()
+        self.config = config
+        with _GLOBAL_RNG_LOCK:
+            saved = random.getstate(), np.random.get_state()
+            try:
+                self.env = gem.make(self.gem_id, **json.loads(config.make_kwargs))
+            finally:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+        self._states = (random.getstate(), np.random.get_state())
+        self._steps = 0
+
+    def _isolated(self, fn: Any, *args: Any) -> Any:
+        with _GLOBAL_RNG_LOCK:
+            outside = random.getstate(), np.random.get_state()
+            random.setstate(self._states[0])
+            np.random.set_state(self._states[1])
+            try:
+                return fn(*args)
+            finally:
+                self._states = (random.getstate(), np.random.get_state())
+                random.setstate(outside[0])
+                np.random.set_state(outside[1])
+
+    @staticmethod
+    def _observation(obs: Any, info: Mapping[str, Any]) -> str:
+        suffix = info.get("suffix")
+        return f"{obs}\n{suffix}" if suffix else str(obs)
+
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._steps = 0
+        obs, info = self._isolated(lambda: self.env.reset(seed=seed % 2**32))  # GEM seeds numpy: 32-bit seeds
+        return self._observation(obs, info), {"seed": seed, **_plain(info, skip="suffix")}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self._isolated(self.env.step, action)
+        self._steps += 1
+        truncated = bool(truncated) or (not terminated and self._steps >= self.config.max_steps)
+        # GEM signals a malformed reply with its format-error reward (and ends the episode).
+        invalid = bool(terminated) and float(reward) == float(getattr(self.env, "format_error_reward", -0.1))
+        metrics = {"action_valid": float(not invalid), "success": float(float(reward) >= 1.0 and bool(terminated))}
+        extra = {"action_valid": not invalid, "metrics": metrics, **_plain(info, skip="suffix")}
+        return self._observation(obs, info), float(reward), bool(terminated), truncated, extra
+
+    @classmethod
+    def describe(cls, config: GemConfig) -> EnvSpec:
+        probe = cls(config)
+        instruction, _ = probe.reset(0)
+        example = str(probe._isolated(probe.env.sample_random_action))
+        return EnvSpec(
+            env_id=PREFIX + cls.gem_id,
+            version=f"gem-llm-{_gem_version()}",
+            instruction=instruction,
+            action_format="free text; GEM reads the last \\boxed{...} in the reply",
+            example_action=example,
+            max_steps=config.max_steps,
+            reward_min=-1.0,
+            reward_max=1.0,
+            deterministic=True,
+            splits={"train": 0, "test": 0},
+            metrics=("action_valid", "success"),
+        )
+
+
+def _gem_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gem-llm")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _plain(info: Mapping[str, Any], skip: str) -> dict[str, Any]:
+    """The JSON-representable part of GEM's info (it sometimes carries objects)."""
+    out = {}
+    for key, value in info.items():
+        if key != skip and isinstance(value, str | int | float | bool) and not isinstance(value, np.generic):
+            out[str(key)] = value
+    return out
+
+
+def _entry(env_id: str) -> EnvEntry:
+    gem_id = env_id[len(PREFIX) :]
+    if not gem_id:
+        raise KeyError(f"'{env_id}': name a GEM id after 'gem:', e.g. gem:game:GuessTheNumber-v0-easy")
+    gem = _import_gem()
+    if gem_id not in getattr(gem.envs.registration, "ENV_REGISTRY", {gem_id: None}):
+        raise KeyError(f"unknown GEM id '{gem_id}'")
+    env_cls = type(f"Gem[{gem_id}]", (GemEnv,), {"gem_id": gem_id})
+    return EnvEntry(env_id, env_cls, GemConfig)
+
+
+register_prefix(PREFIX, _entry)

@@ -1,0 +1,73 @@
+"""GEM games served over our protocol (the optional gem-llm extra), with per-session RNG isolation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+gem = pytest.importorskip("gem", reason="the optional gem-llm extra is not installed (needs Python <= 3.12.0)")
+
+from conftest import start_server  # noqa: E402
+
+from env_servers.api import ConfigError  # noqa: E402
+from env_servers.registry import get_env  # noqa: E402
+from roll_lightning.envs import EnvPool  # noqa: E402
+
+GUESS, MINES, G2048 = "gem:game:GuessTheNumber-v0-easy", "gem:game:Minesweeper-v0-easy", "gem:game:Game2048-v0-easy"
+
+
+async def test_guess_the_number_is_won_by_bisection_through_the_client():
+    running = start_server(env_ids=(GUESS, MINES))
+    try:
+        async with EnvPool([running.address]) as pool:
+            session = await pool.open(GUESS)
+            first = await session.reset(seed=11)
+            low, high = map(int, re.search(r"between (\d+) and (\d+)", first.observation).groups())
+            for _ in range(session.spec.max_steps):
+                guess = (low + high) // 2
+                out = await session.step(f"My guess: \\boxed{{{guess}}}")
+                assert out.action_valid
+                if "lower" in out.observation:
+                    high = guess - 1
+                elif "higher" in out.observation:
+                    low = guess + 1
+                else:
+                    break
+            assert out.terminated and out.reward == 1.0 and out.metrics["success"] == 1.0
+            mines = await pool.open(MINES)
+            board = await mines.reset(seed=2)
+            assert "board" in board.observation.lower(), "GEM's info['suffix'] (the board) is part of the observation"
+            bad = await mines.step("no boxed answer here")
+            assert not bad.action_valid and bad.terminated, "GEM ends the episode on a format error"
+    finally:
+        running.stop()
+
+
+def test_sessions_do_not_share_gems_global_rng():
+    # GEM's 2048 spawns tiles from the process-global RNG: interleaved sessions used to diverge (envs.md §2).
+    entry = get_env(G2048)
+    config = entry.make_config({})
+    moves = ["\\boxed{up}", "\\boxed{left}", "\\boxed{down}", "\\boxed{right}"] * 3
+
+    def play_alone() -> list[str]:
+        env = entry.make(config)
+        trace = [env.reset(5)[0]]
+        trace += [env.step(m)[0] for m in moves]
+        return trace
+
+    alone = play_alone()
+    a, b = entry.make(config), entry.make(config)
+    interleaved = [a.reset(5)[0]]
+    b.reset(99)
+    for move in moves:
+        b.step(move)
+        interleaved.append(a.step(move)[0])
+    assert interleaved == alone
+
+
+def test_bad_gem_ids_and_configs_are_named():
+    with pytest.raises(KeyError, match="unknown GEM id 'game:NoSuchGame'"):
+        get_env("gem:game:NoSuchGame")
+    with pytest.raises(ConfigError, match="make_kwargs"):
+        get_env(GUESS).make_config({"make_kwargs": "{not json"})

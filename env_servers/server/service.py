@@ -143,9 +143,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any
     ) -> AsyncIterator[pb.StreamResponse]:
+        # Requests that arrive while earlier ones run are answered together in one pool job (one thread hop for
+        # many messages, as in BatchStep); up to `workers` jobs run at once, so one slow env does not hold up
+        # a stream's other sessions for long.
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[pb.StreamResponse | None] = asyncio.Queue()
-        pending: set[asyncio.Future[Any]] = set()
+        waiting: list[pb.StreamRequest] = []
+        arrived = asyncio.Event()
+        jobs = asyncio.Semaphore(self.pool._max_workers)
+        running: set[asyncio.Task[None]] = set()
 
         def answer(req: pb.StreamRequest) -> pb.StreamResponse:
             kind = req.WhichOneof("request")
@@ -158,22 +164,47 @@ class EnvService(pb_grpc.EnvServiceServicer):
             status = pb.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="request: set reset or step")
             return pb.StreamResponse(tag=req.tag, step=pb.StepResult(status=status))
 
+        async def run(batch: list[pb.StreamRequest]) -> None:
+            try:
+                for response in await loop.run_in_executor(self.pool, lambda: [answer(r) for r in batch]):
+                    out.put_nowait(response)
+            finally:
+                jobs.release()
+
         async def read() -> None:
             async for req in request_iterator:
-                fut = loop.run_in_executor(self.pool, answer, req)
-                pending.add(fut)
-                fut.add_done_callback(lambda f: (pending.discard(f), out.put_nowait(f.result())))
-            if pending:
-                await asyncio.gather(*list(pending), return_exceptions=True)
-            await asyncio.sleep(0)  # let the last done-callbacks enqueue
+                waiting.append(req)
+                arrived.set()
+            arrived.set()
+
+        async def dispatch(reader: asyncio.Task[None]) -> None:
+            while True:
+                await arrived.wait()
+                arrived.clear()
+                if not waiting and reader.done():
+                    break
+                if waiting:
+                    await jobs.acquire()
+                    await asyncio.sleep(0)  # let requests already on the wire join this job
+                    batch = waiting[:]
+                    waiting.clear()
+                    task = asyncio.create_task(run(batch))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    if reader.done():
+                        arrived.set()
+            if running:
+                await asyncio.gather(*list(running), return_exceptions=True)
             out.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        dispatcher = asyncio.create_task(dispatch(reader))
         try:
             while (item := await out.get()) is not None:
                 yield item
         finally:
             reader.cancel()
+            dispatcher.cancel()
 
 
 __all__ = ["EnvService", "OK", "PROTOCOL_VERSION"]

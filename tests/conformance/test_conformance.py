@@ -13,7 +13,7 @@ import pytest
 from env_servers.conformance import CHECKS, run_conformance
 from roll_lightning.envs.local import launch_local_server
 
-PYTHON_ENVS = ["sokoban", "frozenlake"]
+PYTHON_ENVS = ["sokoban", "frozenlake", "webshop"]
 
 
 @pytest.fixture(scope="module")

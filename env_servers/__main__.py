@@ -44,6 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert=_read(args.tls_cert),
         tls_key=_read(args.tls_key),
         seed=args.seed,
+        env_configs=_env_configs(args.env_configs),
     )
 
     def announce(server: object) -> None:
@@ -59,6 +60,22 @@ def _serve(args: argparse.Namespace) -> int:
 
     asyncio.run(serve_forever(config, announce=announce))
     return 0
+
+
+def _env_configs(items: list[str]) -> dict[str, dict]:
+    configs: dict[str, dict] = {}
+    for item in items:
+        env_id, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f'--env-config {item!r}: expected ENV_ID=JSON, e.g. webshop=\'{{"data_dir": "/d"}}\'')
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--env-config {env_id}: not JSON ({exc})") from exc
+        if not isinstance(values, dict):
+            raise ValueError(f"--env-config {env_id}: expected a JSON object")
+        configs.setdefault(env_id, {}).update(values)
+    return configs
 
 
 def _import_plugins(modules: list[str]) -> None:
@@ -115,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-cert", help="PEM certificate chain (enables TLS, with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key")
     serve.add_argument("--seed", type=int, help="seed for server-drawn episode seeds (unseeded Resets)")
+    serve.add_argument(
+        "--env-config",
+        dest="env_configs",
+        action="append",
+        default=[],
+        metavar="ENV=JSON",
+        help="operator config for one env (repeatable): defaults for every session, and the only way to set "
+        'server-only fields, e.g. webshop=\'{"data_dir": "/data/webshop"}\'',
+    )
     serve.add_argument("--log-level", default="INFO")
     serve.add_argument(
         "--import",

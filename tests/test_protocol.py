@@ -315,3 +315,20 @@ def test_cheap_batches_run_inline_and_slow_ones_on_the_pool(server, stub):
         item.request_id = f"b{index}"
         assert stub.BatchStep(pb.BatchStepRequest(items=[item]), timeout=10).items[0].status.code == 0
     assert service.step_item_seconds > INLINE_BUDGET_S, "the average moved up: slow steps go back to the pool"
+
+
+def test_operator_env_config_sets_defaults_and_guards_server_only_fields():
+    running = start_server(env_ids=("frozenlake", "webshop"), env_configs={"frozenlake": {"size": 6}})
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            assert len(reset(stub, create(stub, request_id="a")).observation.splitlines()) == 6
+            assert len(reset(stub, create(stub, config={"size": 5}, request_id="b")).observation.splitlines()) == 5
+            code, msg = code_of(create, stub, "webshop", {"data_dir": "/etc"}, request_id="c")
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "config.data_dir" in msg and "operator" in msg
+    finally:
+        running.stop()
+    with pytest.raises(ValueError, match="config.sizes"):
+        start_server(env_ids=("frozenlake",), env_configs={"frozenlake": {"sizes": 6}})
+    with pytest.raises(ValueError, match="'sokoban' is not served"):
+        start_server(env_ids=("frozenlake",), env_configs={"sokoban": {}})

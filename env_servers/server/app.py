@@ -11,7 +11,8 @@ import hmac
 import logging
 import signal
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -48,6 +49,7 @@ class ServerConfig:
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     seed: int | None = None  # seeds the per-session RNGs that draw seeds for unseeded Resets
+    env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # env id -> operator config
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -127,6 +129,7 @@ class EnvServer:
             max_sessions=config.max_sessions,
             session_ttl_s=config.session_ttl_s,
             seed=config.seed,
+            env_configs=config.env_configs,
         )
         self.service = EnvService(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
         self.health = health_async.HealthServicer()
@@ -174,8 +177,8 @@ class EnvServer:
         log.info("serving %s on %s", ",".join(cfg.env_ids), self.address)
 
     def _warm_up(self) -> None:
-        for entry in self.table.entries.values():
-            entry.make(entry.make_config({}))
+        for env_id, entry in self.table.entries.items():
+            entry.make(entry.make_config(self.table.env_configs.get(env_id, {})))
 
     async def _reap_forever(self) -> None:
         period = min(30.0, max(0.05, self.config.session_ttl_s / 4))

@@ -13,11 +13,13 @@ Rules (see protos/roll_lightning/env/v1/env.proto):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,8 +72,6 @@ def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:
-    import dataclasses
-
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
@@ -205,9 +205,24 @@ def _check_obs(obs: Any) -> str:
 class SessionTable:
     """All sessions of one server process, with capacity, idempotent creation and idle reaping."""
 
-    def __init__(self, env_ids: list[str], *, max_sessions: int, session_ttl_s: float, seed: int | None = None):
+    def __init__(
+        self,
+        env_ids: list[str],
+        *,
+        max_sessions: int,
+        session_ttl_s: float,
+        seed: int | None = None,
+        env_configs: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
         self.env_ids = list(env_ids)
         self.entries = {env_id: get_env(env_id) for env_id in env_ids}
+        # Operator-set config per env (`serve --env-config`): defaults under every client config; the only way
+        # to set fields marked server_only (e.g. a data directory on the server's disk).
+        self.env_configs = {env_id: dict(values) for env_id, values in (env_configs or {}).items()}
+        for env_id, values in self.env_configs.items():
+            if env_id not in self.entries:
+                raise ValueError(f"env_configs: '{env_id}' is not served (served: {', '.join(self.env_ids)})")
+            self.entries[env_id].make_config(values)  # fail at startup, naming the bad key
         self.max_sessions = max_sessions
         self.session_ttl_s = session_ttl_s
         self.server_id = secrets.token_hex(4)
@@ -242,10 +257,16 @@ class SessionTable:
             spec = self._specs[key] = spec_to_proto(entry.describe(config), entry, config)
         return spec
 
-    @staticmethod
-    def _config(entry: EnvEntry, config_struct: Any) -> Any:
+    def _config(self, entry: EnvEntry, config_struct: Any) -> Any:
+        client = json_format.MessageToDict(config_struct)
+        for f in dataclasses.fields(entry.config_cls):
+            if f.metadata.get("server_only") and f.name in client:
+                raise ProtocolError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"config.{f.name} can only be set by the server operator (serve --env-config), not by a client",
+                )
         try:
-            return entry.make_config(json_format.MessageToDict(config_struct))
+            return entry.make_config({**self.env_configs.get(entry.env_id, {}), **client})
         except ConfigError as exc:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
 

@@ -523,3 +523,25 @@ def test_random_actions_never_crash(mini, actions):
         json.dumps(info)
         if terminated or truncated:
             env.reset(1, {"split": "test", "index": 0})
+
+
+async def test_original_data_served_through_env_config(tmp_path):
+    # The operator points a server at the original files; clients play it unchanged (and cannot redirect it).
+    from roll_lightning.envs import EnvPool, EpisodeFailed
+    from roll_lightning.envs.local import launch_local_server
+
+    _write_fixture(tmp_path)
+    config = json.dumps({"data_dir": str(tmp_path), "split": "test"})
+    server = launch_local_server(["webshop"], extra_args=["--env-config", f"webshop={config}"])
+    try:
+        async with EnvPool([server.address]) as pool:
+            session = await pool.open("webshop")
+            assert session.spec.splits["test"] == 2
+            first = await session.reset(seed=0)
+            assert "search[" in first.observation
+            out = await session.step("<answer>search[citrus deodorant]</answer>")
+            assert out.action_valid and "b00orig001" in out.observation.lower()
+            with pytest.raises(EpisodeFailed, match="config.data_dir can only be set by the server operator"):
+                await pool.open("webshop", {"data_dir": "/"})
+    finally:
+        server.stop()

@@ -75,7 +75,9 @@ class WebShopConfig:
         default=None,
         metadata={
             "doc": "directory with the original WebShop files (items_shuffle.json, items_ins_v2.json, "
-            "items_human_ins.json); None = the generated catalogue"
+            "items_human_ins.json); None = the generated catalogue. Server-only: set it with "
+            '`serve webshop --env-config \'webshop={"data_dir": "/path"}\'`, never from a client',
+            "server_only": True,
         },
     )
 

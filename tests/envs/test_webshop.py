@@ -25,7 +25,9 @@ from env_servers.envs.webshop import (
     parse_action,
     purchase_reward,
 )
-from env_servers.envs.webshop.catalogue import catalogue_fingerprint, generate_catalogue, parse_pricing
+from env_servers.envs.webshop.catalogue import catalogue_fingerprint
+from env_servers.envs.webshop.generated import generate_catalogue
+from env_servers.envs.webshop.original import parse_pricing
 from env_servers.envs.webshop.reward import normalize_color, option_matches, type_reward
 from env_servers.envs.webshop.search import stem, tokenize
 from env_servers.registry import get_env

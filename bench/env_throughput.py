@@ -11,9 +11,14 @@
    generator side by side when `gem` imports here or in /tmp/gemvenv, else GEM's recorded reference numbers.
 3. Server process RSS (psutil): at start, with N open idle sessions (created and reset once), and while 64
    sessions play N short episodes (RSS every N/10 episodes).
+4. WebShop-lite: catalogue and bm25s index build time and `SearchIndex.search` latency over goal instructions and
+   product titles; steps/s of 64 sessions played by a scripted shopper (`ShopAgent`: searches with words of the
+   instruction, clicks results, sub-pages and back, options, buy, ~10% invalid replies) in-process vs `EnvPool`
+   batch to a WebShop server process, lockstep and free-running, interleaved, medians; and the RSS of a fresh
+   WebShop server process over N episodes (RSS every N/10 episodes), checked against a growth bound.
 
 Run:  .venv/bin/python bench/env_throughput.py          (full, several minutes)
-      .venv/bin/python bench/env_throughput.py --quick  (smoke, < 1 minute)
+      .venv/bin/python bench/env_throughput.py --quick  (smoke, about 1 minute)
 Prints tables and writes bench/results/env_throughput-<utc time>.json.
 """
 
@@ -43,6 +48,8 @@ import numpy as np
 import psutil
 
 from env_servers.envs.sokoban.generator import generate_level
+from env_servers.envs.webshop import SearchIndex, generate_catalogue
+from env_servers.envs.webshop.search import TOP_K
 from env_servers.registry import get_env
 from env_servers.server import EnvServer, ServerConfig
 from roll_lightning.env.v1 import env_pb2 as pb
@@ -335,6 +342,293 @@ async def bench_memory(n: int) -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# WebShop-lite
+
+WS_SEP = " [SEP] "
+WS_INVALID = ("I would search for shoes.", "<answer>click[nothing here]</answer>", "search shoes", "<answer></answer>")
+WS_FILLER = frozenset("i im i'm am looking for need want a an some the me please would like to get find".split())
+WS_VARIANTS = ("in-process", "batch/process", "batch-free/process")
+WS_MEMORY_BOUND_MB = 5.0  # RSS growth allowed from the first sample after 1/10 of the episodes to the last
+
+
+class ShopAgent:
+    """Scripted WebShop player that reads only the observation text, so it plays alike in-process and over gRPC.
+
+    It searches with words of the instruction, clicks one of the first results (sometimes turns a page), on the
+    item page sometimes reads a sub-page and comes back, selects the options the instruction names, and buys;
+    sometimes it goes back to the results or to search instead. ~10% of replies are invalid.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def act(self, obs: str) -> tuple[str, str]:
+        """(kind, reply) for the page in ``obs``; kind is "search", "click" or "invalid"."""
+        rng = self.rng
+        if rng.random() < 0.1:
+            return "invalid", rng.choice(WS_INVALID)
+        head, _, actions = obs.rpartition("\nAvailable actions: ")
+        instruction = head.split(WS_SEP, 2)[1]
+        if actions.startswith("search["):
+            wanted = instruction.split(" with ", 1)[0].split(", and price", 1)[0]
+            words = [w for w in wanted.replace(",", " ").split() if w not in WS_FILLER]
+            n = rng.randint(min(2, len(words)), len(words))
+            start = rng.randint(0, len(words) - n)
+            return "search", f"<answer>search[{' '.join(words[start : start + n])}]</answer>"
+        clicks = actions[len("click[") : -1].split("], click[")
+        if "buy now" in clicks:  # item page
+            todo = [c for c in clicks if f": {c}," in instruction and f"{c} (selected)" not in head]
+            r = rng.random()
+            if todo and r < 0.85:
+                target = rng.choice(todo)
+            elif r < 0.15:
+                target = rng.choice(("description", "features", "reviews"))
+            elif r < 0.22:
+                target = "< prev"
+            else:
+                target = "buy now"
+        elif clicks == ["back to search", "< prev"]:  # sub-page
+            target = "< prev" if rng.random() < 0.9 else "back to search"
+        else:  # results page
+            asins = [c for c in clicks if c not in ("back to search", "< prev", "next >")]
+            r = rng.random()
+            if not asins or r < 0.03:
+                target = "back to search"
+            elif r < 0.1 and "next >" in clicks:
+                target = "next >"
+            else:
+                target = rng.choices(asins[:3], weights=(0.6, 0.25, 0.15)[: len(asins[:3])])[0]
+        return "click", f"<answer>click[{target}]</answer>"
+
+
+def ws_run_result(start: float, lat: dict[str, list[float]], episodes: int, rewards: float) -> dict[str, Any]:
+    """One timed run: steps and latencies (per action kind), finished episodes and their summed final reward."""
+    return {
+        "steps": sum(len(v) for v in lat.values()),
+        "seconds": time.perf_counter() - start,
+        "lat": [x for v in lat.values() for x in v],
+        "lat_by_kind": lat,
+        "episodes": episodes,
+        "reward_sum": rewards,
+    }
+
+
+def ws_inprocess(
+    envs: list[Any], agents: list[ShopAgent], obs: list[str], seeds: Seeds, duration: float
+) -> dict[str, Any]:
+    """Lockstep turns over in-process `WebShopEnv`s (the agent's time counts in steps/s, not in latency)."""
+    lat: dict[str, list[float]] = {"search": [], "click": [], "invalid": []}
+    episodes, rewards, start = 0, 0.0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        for i, env in enumerate(envs):
+            kind, reply = agents[i].act(obs[i])
+            t0 = time.perf_counter()
+            obs[i], reward, terminated, truncated, _ = env.step(reply)
+            lat[kind].append(time.perf_counter() - t0)
+            if terminated or truncated:
+                episodes, rewards = episodes + 1, rewards + reward * terminated
+                obs[i] = env.reset(seeds(), None)[0]
+    return ws_run_result(start, lat, episodes, rewards)
+
+
+async def ws_lockstep(
+    sessions: list[EnvSession], agents: list[ShopAgent], obs: list[str], seeds: Seeds, duration: float
+) -> dict[str, Any]:
+    """Lockstep turns over gRPC: every session steps, then the ended ones reset."""
+    lat: dict[str, list[float]] = {"search": [], "click": [], "invalid": []}
+    episodes, rewards, start = 0, 0.0, time.perf_counter()
+
+    async def timed_step(i: int) -> Any:
+        kind, reply = agents[i].act(obs[i])
+        t0 = time.perf_counter()
+        out = await sessions[i].step(reply)
+        lat[kind].append(time.perf_counter() - t0)
+        obs[i] = out.observation
+        return out
+
+    async def reset(i: int) -> None:
+        obs[i] = (await sessions[i].reset(seed=seeds())).observation
+
+    while time.perf_counter() - start < duration:
+        outs = await asyncio.gather(*(timed_step(i) for i in range(len(sessions))))
+        ended = [i for i, o in enumerate(outs) if o.done]
+        episodes += len(ended)
+        rewards += sum(outs[i].reward for i in ended if outs[i].terminated)
+        await asyncio.gather(*(reset(i) for i in ended))
+    return ws_run_result(start, lat, episodes, rewards)
+
+
+async def ws_free(
+    sessions: list[EnvSession],
+    agents: list[ShopAgent],
+    obs: list[str],
+    seeds: Seeds,
+    duration: float | None,
+    max_episodes: int | None = None,
+    on_episode: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Free-running episodes over gRPC, for ``duration`` s or until ``max_episodes`` episodes have finished (the
+    other sessions then stop mid-episode); ``on_episode(count)`` runs after each finished episode."""
+    lat: dict[str, list[float]] = {"search": [], "click": [], "invalid": []}
+    tally = {"episodes": 0, "rewards": 0.0}
+    start = time.perf_counter()
+    stop = start + duration if duration is not None else float("inf")
+
+    def more() -> bool:
+        return time.perf_counter() < stop and (max_episodes is None or tally["episodes"] < max_episodes)
+
+    async def episode_loop(i: int) -> None:
+        while more():
+            kind, reply = agents[i].act(obs[i])
+            t0 = time.perf_counter()
+            out = await sessions[i].step(reply)
+            lat[kind].append(time.perf_counter() - t0)
+            obs[i] = out.observation
+            if out.done:
+                tally["episodes"] += 1
+                tally["rewards"] += out.reward if out.terminated else 0.0
+                if on_episode is not None:
+                    on_episode(int(tally["episodes"]))
+                obs[i] = (await sessions[i].reset(seed=seeds())).observation  # even at the end: sessions stay usable
+
+    await asyncio.gather(*(episode_loop(i) for i in range(len(sessions))))
+    return ws_run_result(start, lat, int(tally["episodes"]), float(tally["rewards"]))
+
+
+def bench_ws_search(n_queries: int) -> dict[str, Any]:
+    """Catalogue and index build time, then `SearchIndex.search` latency over goal instructions and titles."""
+    t0 = time.perf_counter()
+    catalogue = generate_catalogue()  # the default: 3000 products, seed 0
+    t1 = time.perf_counter()
+    index = SearchIndex(catalogue.products)
+    t2 = time.perf_counter()
+    rng = random.Random(0)
+    queries = {
+        "instruction": [g.instruction for g in rng.sample(catalogue.goals, n_queries // 2)],
+        "title": [p.title for p in rng.sample(catalogue.products, n_queries - n_queries // 2)],
+    }
+    for q in queries["title"][:50]:  # warm-up
+        index.search(q)
+    lat: dict[str, list[float]] = {"instruction": [], "title": []}
+    hits: list[int] = []
+    for kind, qs in queries.items():
+        for q in qs:
+            t = time.perf_counter()
+            found = index.search(q)
+            lat[kind].append(time.perf_counter() - t)
+            hits.append(len(found))
+    every = lat["instruction"] + lat["title"]
+    return {
+        "products": len(catalogue.products),
+        "goals": len(catalogue.goals),
+        "catalogue_build_ms": (t1 - t0) * 1e3,
+        "index_build_ms": (t2 - t1) * 1e3,
+        "queries": len(every),
+        "mean_hits": statistics.mean(hits),
+        "all": timing_stats(every) | {"p99_ms": pct(every, 99) * 1e3},
+        **{kind: timing_stats(v) | {"p99_ms": pct(v, 99) * 1e3} for kind, v in lat.items()},
+    }
+
+
+async def bench_ws_throughput(duration: float, repeats: int) -> dict[str, Any]:
+    """Steps/s: in-process vs `EnvPool` batch transport (lockstep and free-running) to a WebShop server process."""
+    server = launch_local_server(["webshop"], extra_args=["--log-level", "WARNING"])
+    me, srv = psutil.Process(), psutil.Process(server.process.pid)
+    entry = get_env("webshop")
+    envs = [entry.make(entry.make_config({})) for _ in range(SESSIONS)]
+    seeds = Seeds(11)
+    obs_local = [env.reset(seeds(), None)[0] for env in envs]
+    pool = EnvPool([server.address], transport="batch", health_interval_s=30.0)
+    try:
+        await pool.start()
+        sessions = list(await asyncio.gather(*(pool.open("webshop") for _ in range(SESSIONS))))
+        remote_seeds = Seeds(12)
+        obs_remote = [r.observation for r in await asyncio.gather(*(s.reset(seed=remote_seeds()) for s in sessions))]
+        loop = asyncio.get_running_loop()
+        agents = {name: [ShopAgent(1000 * k + i) for i in range(SESSIONS)] for k, name in enumerate(WS_VARIANTS)}
+        variants: dict[str, Callable[[float], Any]] = {
+            "in-process": functools.partial(
+                loop.run_in_executor, None, ws_inprocess, envs, agents["in-process"], obs_local, seeds
+            ),
+            "batch/process": functools.partial(
+                ws_lockstep, sessions, agents["batch/process"], obs_remote, remote_seeds
+            ),
+            "batch-free/process": functools.partial(
+                ws_free, sessions, agents["batch-free/process"], obs_remote, remote_seeds
+            ),
+        }
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+        for run in variants.values():  # warm-up
+            await run(min(0.3, duration))
+        for _ in range(repeats):
+            for name, run in variants.items():  # interleaved
+                b0, c0 = pool.stats["batches"], cpu_seconds(me)
+                s0 = cpu_seconds(srv if name != "in-process" else None)
+                out = await run(duration)
+                out["client_cpu"] = cpu_seconds(me) - c0
+                out["server_cpu"] = cpu_seconds(srv if name != "in-process" else None) - s0
+                out["batches"] = pool.stats["batches"] - b0
+                runs[name].append(out)
+    finally:
+        await pool.close()
+        server.stop()
+    results = {name: ws_summarize(rs) for name, rs in runs.items()}
+    for r in results.values():
+        r["ratio_to_in_process"] = r["steps_per_s"] / results["in-process"]["steps_per_s"]
+    return results
+
+
+def ws_summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`summarize` plus per-kind latency, the action mix and episode statistics."""
+    out = summarize(runs)
+    steps = sum(r["steps"] for r in runs)
+    episodes = sum(r["episodes"] for r in runs)
+    for kind in ("search", "click", "invalid"):
+        lat = [x for r in runs for x in r["lat_by_kind"][kind]]
+        out[f"{kind}_share"] = len(lat) / steps
+        out[f"{kind}_p50_ms"], out[f"{kind}_p99_ms"] = pct(lat, 50) * 1e3, pct(lat, 99) * 1e3
+    out["episodes"] = episodes
+    out["steps_per_episode"] = steps / episodes if episodes else float("nan")
+    out["mean_episode_reward"] = sum(r["reward_sum"] for r in runs) / episodes if episodes else float("nan")
+    return out
+
+
+async def bench_ws_memory(n: int) -> dict[str, Any]:
+    """RSS of a fresh WebShop server process while 64 free-running sessions play ``n`` episodes."""
+    server = launch_local_server(["webshop"], extra_args=["--log-level", "WARNING"])
+    pid = server.process.pid
+    out: dict[str, Any] = {"n": n, "start_rss_mb": rss_mb(pid)}
+    try:
+        async with EnvPool([server.address], transport="batch", health_interval_s=30.0) as pool:
+            sessions = list(await asyncio.gather(*(pool.open("webshop") for _ in range(SESSIONS))))
+            seeds = Seeds(13)
+            obs = [r.observation for r in await asyncio.gather(*(s.reset(seed=seeds()) for s in sessions))]
+            agents = [ShopAgent(50_000 + i) for i in range(SESSIONS)]
+            samples, every = {0: rss_mb(pid)}, max(1, n // 10)
+            marks = iter(range(every, n, every))
+            mark = [next(marks, n)]
+
+            def sample(count: int) -> None:
+                if count >= mark[0] and count < n:
+                    samples[count] = rss_mb(pid)  # blocks the loop briefly: every session pauses
+                    mark[0] = next(marks, n)
+
+            run = await ws_free(sessions, agents, obs, seeds, None, max_episodes=n, on_episode=sample)
+            samples[run["episodes"]] = rss_mb(pid)
+            out["episodes_rss_mb"] = samples
+            out["steps"], out["seconds"] = run["steps"], run["seconds"]
+    finally:
+        server.stop()
+    counts, values = zip(*out["episodes_rss_mb"].items(), strict=True)
+    out["growth_mb"] = values[-1] - values[0]
+    out["growth_after_first_tenth_mb"] = values[-1] - values[1]
+    # Least-squares slope after the first tenth (warm-up excluded): what a per-episode leak would show as.
+    out["slope_kb_per_episode"] = float(np.polyfit(counts[1:], values[1:], 1)[0]) * 1024
+    out["bound_mb"] = WS_MEMORY_BOUND_MB
+    return out
+
+
 def machine() -> dict[str, Any]:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     return {
@@ -398,15 +692,54 @@ def report(res: dict[str, Any]) -> None:
               f"10k sessions -> {at_10k:.0f} MB RSS (target < 500 MB) {verdict(at_10k < 500)}")  # fmt: skip
     samples = ", ".join(f"{k}: {v:.1f}" for k, v in res["memory"]["episodes_rss_mb"].items())
     print(f"  RSS after k short episodes on 64 sessions: {samples}")
+    report_webshop(res["webshop"], res["repeats"], res["duration_s"])
+
+
+def report_webshop(ws: dict[str, Any], repeats: int, duration: float) -> None:
+    """Print the WebShop-lite tables: search latency, steps/s per variant, server RSS over episodes."""
+    s = ws["search"]
+    print(f"\n## WebShop-lite search: {s['products']} products, {s['goals']} goals; catalogue built in "
+          f"{s['catalogue_build_ms']:.0f} ms, bm25s index in {s['index_build_ms']:.0f} ms")  # fmt: skip
+    print(f"{'queries':<24}{'n':>6}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for kind, label in (("instruction", "goal instructions"), ("title", "product titles"), ("all", "all")):
+        r = s[kind]
+        cells = (f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}", f"{r['max_ms']:.3f}")
+        print(f"{label:<24}{r['n']:>6}" + "".join(f"{c:>9}" for c in cells))
+    print(f"mean hits per query {s['mean_hits']:.1f} (top {TOP_K})")
+    print(f"\n## WebShop-lite steps/s: {SESSIONS} sessions, scripted agent; batch = lockstep turns, batch-free = "
+          f"free-running episodes (median of {repeats} x {duration} s)")  # fmt: skip
+    head = ("variant", "steps/s", "vs in-proc", "p50 ms", "p99 ms", "search p50", "search p99", "click p50",
+            "cli us/st", "srv us/st", "RPC/64 st")  # fmt: skip
+    print(f"{head[0]:<19}" + "".join(f"{h:>11}" for h in head[1:]))
+    for name, r in ws["throughput"].items():
+        rpt = f"{r['rpcs_per_turn']:.2f}" if r["rpcs_per_turn"] else "-"
+        cells = (f"{r['steps_per_s']:.0f}", f"{r['ratio_to_in_process']:.1%}", f"{r['p50_ms']:.3f}",
+                 f"{r['p99_ms']:.3f}", f"{r['search_p50_ms']:.3f}", f"{r['search_p99_ms']:.3f}",
+                 f"{r['click_p50_ms']:.3f}", f"{r['client_cpu_us_per_step']:.1f}",
+                 f"{r['server_cpu_us_per_step']:.1f}", rpt)  # fmt: skip
+        print(f"{name:<19}" + "".join(f"{c:>11}" for c in cells))
+    for name, r in ws["throughput"].items():
+        print(f"  {name}: steps {r['search_share']:.0%} search / {r['click_share']:.0%} click / "
+              f"{r['invalid_share']:.0%} invalid; {r['episodes']} episodes, {r['steps_per_episode']:.1f} steps "
+              f"each, mean reward {r['mean_episode_reward']:.2f}")  # fmt: skip
+    m = ws["memory"]
+    print(f"\n## WebShop server RSS (MB): start {m['start_rss_mb']:.1f}; 64 free-running sessions, {m['n']} episodes "
+          f"({m['steps']} steps in {m['seconds']:.0f} s)")  # fmt: skip
+    print("  " + ", ".join(f"{k}: {v:.1f}" for k, v in m["episodes_rss_mb"].items()))
+    ok = m["growth_after_first_tenth_mb"] <= m["bound_mb"]
+    print(f"  growth {m['growth_mb']:+.1f} MB over all episodes, {m['growth_after_first_tenth_mb']:+.1f} MB after the "
+          f"first tenth (bound <= {m['bound_mb']:.0f} MB) {verdict(ok)}; slope after the first tenth "
+          f"{m['slope_kb_per_episode']:+.3f} KB/episode")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (< 1 minute)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (about 1 minute)")
     args = parser.parse_args()
     duration, repeats = (0.4, 3) if args.quick else (2.0, 5)
     gen_seeds, gem_budget = (10, 0.0) if args.quick else (40, 40.0)  # quick: GEM's recorded numbers only
     mem_n = 1000 if args.quick else 10_000
+    ws_queries = 500 if args.quick else 2000
     res: dict[str, Any] = {"machine": machine(), "duration_s": duration, "repeats": repeats, "gen_seeds": gen_seeds}
     t0 = time.perf_counter()
     proc_server = launch_local_server(["frozenlake", "sokoban"], extra_args=["--log-level", "WARNING"])
@@ -422,6 +755,10 @@ def main() -> None:
     res["seconds"]["generation"] = time.perf_counter() - t0 - sum(res["seconds"].values())
     res["memory"] = asyncio.run(bench_memory(mem_n))
     res["seconds"]["memory"] = time.perf_counter() - t0 - sum(res["seconds"].values())
+    res["webshop"] = {"search": bench_ws_search(ws_queries)}
+    res["webshop"]["throughput"] = asyncio.run(bench_ws_throughput(duration, repeats))
+    res["webshop"]["memory"] = asyncio.run(bench_ws_memory(mem_n))
+    res["seconds"]["webshop"] = time.perf_counter() - t0 - sum(res["seconds"].values())
     res["machine"]["loadavg_at_end"] = os.getloadavg()
     report(res)
     m0 = res["machine"]

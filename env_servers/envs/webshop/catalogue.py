@@ -148,7 +148,7 @@ class Catalogue:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The generated catalogue
+# Goal text and price bounds (shared by the generated catalogue and the original-data loader)
 
 
 def price_upper_for(price: float, rng: random.Random) -> float:

@@ -114,6 +114,9 @@ class WebShopEnv:
     def __init__(self, config: WebShopConfig, catalogue: Catalogue | None = None) -> None:
         self.config = config
         self.catalogue = catalogue or get_catalogue(config.num_products, config.catalogue_seed, config.data_dir)
+        # Build the shared search index now (once per process): the server's warm-up creates an env before it
+        # reports SERVING, so the first search of a session never pays the index build.
+        _ = self.catalogue.index
         self.goal: Goal | None = None
         self._goal_number = -1
         self._page = DONE

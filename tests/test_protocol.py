@@ -307,14 +307,14 @@ def test_cheap_batches_run_inline_and_slow_ones_on_the_pool(server, stub):
             for s, e in eps.items()
         ]
         assert all(item.status.code == 0 for item in stub.BatchStep(pb.BatchStepRequest(items=items), timeout=10).items)
-    assert service.step_item_seconds * len(sids) < INLINE_BUDGET_S, "FrozenLake steps are cheap: run inline"
+    assert service.item_seconds["step"] * len(sids) < INLINE_BUDGET_S, "FrozenLake steps are cheap: run inline"
     slow = create(stub, "slow", {"delay_s": 0.01}, request_id="slow")
     episode = reset(stub, slow).episode_id
     for index in range(3):
         item = pb.StepRequest(session_id=slow, episode_id=episode, step_index=index, action=pb.Action(text="go"))
         item.request_id = f"b{index}"
         assert stub.BatchStep(pb.BatchStepRequest(items=[item]), timeout=10).items[0].status.code == 0
-    assert service.step_item_seconds > INLINE_BUDGET_S, "the average moved up: slow steps go back to the pool"
+    assert service.item_seconds["step"] > INLINE_BUDGET_S, "the average moved up: slow steps go back to the pool"
 
 
 def test_operator_env_config_sets_defaults_and_guards_server_only_fields():

@@ -5,10 +5,10 @@ checks or other sessions. A batch runs as one job on the pool (one thread hop pe
 deadlines are honoured item by item: an item whose deadline has passed before it starts is answered
 DEADLINE_EXCEEDED without touching the env, so a retry runs it exactly once.
 
-One exception, for speed: a BatchStep whose expected cost (a running average of the cost of one step item,
-measured on the pool first) is under `INLINE_BUDGET_S` runs on the event loop itself. For envs whose step
-takes microseconds (FrozenLake, Sokoban) the thread hop and GIL hand-offs cost more than the steps; a slow env
-never qualifies, and an env that turns slow is moved back to the pool by the same average.
+One exception, for speed: a BatchStep or BatchReset whose expected cost (a running average of the cost of one
+item of that kind, measured on the pool first) is under `INLINE_BUDGET_S` runs on the event loop itself. For
+envs whose steps take microseconds (FrozenLake, Sokoban) the thread hop and GIL hand-offs cost more than the
+steps; a slow env never qualifies, and an env that turns slow is moved back to the pool by the same average.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.max_action_bytes = max_action_bytes
         self.draining = False
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env")
-        self.step_item_seconds = float("inf")  # running average; unknown = assume slow (use the pool)
+        # Running average cost of one batch item, per kind; unknown = assume slow (use the pool).
+        self.item_seconds = {"reset": float("inf"), "step": float("inf")}
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -118,27 +119,29 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return await self._call(context, lambda: self._step_item(request))
 
     async def BatchReset(self, request: pb.BatchResetRequest, context: Any) -> pb.BatchResetResponse:
-        deadline = self._deadline(context)
-        items = await self._call(
-            context, lambda: self._batch(request.items, self._reset_item, pb.ResetResult, deadline)
-        )
+        items = await self._run_batch("reset", request.items, self._reset_item, pb.ResetResult, context)
         return pb.BatchResetResponse(items=items)
 
     async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:
-        deadline = self._deadline(context)
-        n = max(1, len(request.items))
+        items = await self._run_batch("step", request.items, self._step_item, pb.StepResult, context)
+        return pb.BatchStepResponse(items=items)
 
-        def run() -> list[pb.StepResult]:
+    async def _run_batch(self, kind: str, items: Any, run_item: Any, failed: Any, context: Any) -> list[Any]:
+        """Run a batch inline when its expected cost is under INLINE_BUDGET_S, else on the pool; keep the average."""
+        deadline = self._deadline(context)
+        n = max(1, len(items))
+
+        def run() -> list[Any]:
             start = time.perf_counter()
-            results = self._batch(request.items, self._step_item, pb.StepResult, deadline)
+            results = self._batch(items, run_item, failed, deadline)
             per_item = (time.perf_counter() - start) / n
-            average = self.step_item_seconds
-            self.step_item_seconds = per_item if average == float("inf") else 0.8 * average + 0.2 * per_item
+            average = self.item_seconds[kind]
+            self.item_seconds[kind] = per_item if average == float("inf") else 0.8 * average + 0.2 * per_item
             return results
 
-        if self.step_item_seconds * n < INLINE_BUDGET_S and not self.draining:
-            return pb.BatchStepResponse(items=run())
-        return pb.BatchStepResponse(items=await self._call(context, run))
+        if self.item_seconds[kind] * n < INLINE_BUDGET_S and not self.draining:
+            return run()
+        return await self._call(context, run)
 
     async def Stream(
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -332,3 +333,28 @@ def test_operator_env_config_sets_defaults_and_guards_server_only_fields():
         start_server(env_ids=("frozenlake",), env_configs={"frozenlake": {"sizes": 6}})
     with pytest.raises(ValueError, match="'sokoban' is not served"):
         start_server(env_ids=("frozenlake",), env_configs={"sokoban": {}})
+
+
+async def test_health_is_not_serving_until_the_envs_have_loaded():
+    from support.plugin_envs import LOADING
+
+    from env_servers.server import EnvServer, ServerConfig
+    from roll_lightning.envs.client import EnvClient
+
+    LOADING.clear()
+    server = EnvServer(ServerConfig(env_ids=("slowload",), port=0))
+    starting = asyncio.create_task(server.start())
+    while server._server is None:  # listening, not yet loaded
+        await asyncio.sleep(0.01)
+    client = EnvClient(server.address)
+    try:
+        for _ in range(3):  # the port is open, the env is still loading
+            assert await client.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+            await asyncio.sleep(0.05)
+        LOADING.set()
+        await starting
+        assert await client.health() == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        LOADING.set()
+        await client.close()
+        await server.drain_and_stop(0.1)

@@ -68,3 +68,18 @@ class CrashyEnv(_CounterEnv):
 @register("slow", CounterConfig)
 class SlowEnv(_CounterEnv):
     env_id = "slow"
+
+
+LOADING = __import__("threading").Event()  # `slowload` envs cannot be built until this is set
+
+
+@register("slowload", CounterConfig)
+class SlowLoadEnv(_CounterEnv):
+    """Stands for an env with a long load (a dataset, an index): building it waits for `LOADING`."""
+
+    env_id = "slowload"
+
+    def __init__(self, config: CounterConfig) -> None:
+        if not LOADING.wait(timeout=30):
+            raise TimeoutError("slowload was never released")
+        super().__init__(config)

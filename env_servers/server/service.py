@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from env_servers.server.sessions import OK, ProtocolError, SessionTable
+from env_servers.server.sessions import ProtocolError, SessionTable
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 
@@ -210,4 +210,4 @@ class EnvService(pb_grpc.EnvServiceServicer):
             dispatcher.cancel()
 
 
-__all__ = ["EnvService", "OK", "PROTOCOL_VERSION"]
+__all__ = ["EnvService", "PROTOCOL_VERSION"]

@@ -27,11 +27,9 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from env_servers.api import ConfigError, EnvSpec, TextEnv
+from env_servers.api import ConfigError, EnvSpec, TextEnv, config_schema
 from env_servers.registry import EnvEntry, get_env
 from roll_lightning.env.v1 import env_pb2 as pb
-
-OK = grpc.StatusCode.OK.value[0]
 
 
 class ProtocolError(Exception):
@@ -51,8 +49,6 @@ def _new_id(prefix: str) -> str:
 
 
 def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
-    from env_servers.api import config_schema
-
     msg = pb.EnvSpec(
         env_id=spec.env_id,
         version=spec.version,

@@ -29,7 +29,7 @@ class EnvEntry:
 _REGISTRY: dict[str, EnvEntry] = {}
 # Families of ids served by an adapter: prefix -> (module that provides it, function id -> EnvEntry).
 _PREFIXES: dict[str, Callable[[str], EnvEntry]] = {}
-_ADAPTER_MODULES = {"gem:": "env_servers.envs.gem_adapter"}
+_ADAPTER_MODULES = {"gem:": "env_servers.envs.gem_adapter", "gym:": "env_servers.envs.gym_adapter"}
 _BUILTINS_LOADED = False
 
 

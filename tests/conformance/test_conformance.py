@@ -43,6 +43,20 @@ def test_gem_games_conform(env_id):
             server.stop()
 
 
+GYM_ENVS = ["gym:FrozenLake-v1", "gym:Blackjack-v1"]
+
+
+@pytest.mark.parametrize("env_id", GYM_ENVS)
+def test_gymnasium_envs_conform(env_id):
+    pytest.importorskip("gymnasium", reason="the optional [gym] extra is not installed")
+    servers = [launch_local_server(GYM_ENVS) for _ in range(2)]
+    try:
+        check_all([s.address for s in servers], env_id)
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def check_all(addresses: list[str], env_id: str) -> None:
     two_servers = addresses
     lines: list[str] = []

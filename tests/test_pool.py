@@ -181,4 +181,29 @@ async def test_pool_refuses_bad_endpoints():
     with pytest.raises(ValueError, match="local_envs"):
         EnvPool("local")
     with pytest.raises(NoEndpointAvailable, match="127.0.0.1:1"):
-        await EnvPool(["127.0.0.1:1"], health_timeout_s=0.5).start()
+        await EnvPool(["127.0.0.1:1"], health_timeout_s=0.5, start_timeout_s=1.0).start()
+
+
+async def test_start_waits_for_servers_that_are_still_loading():
+    from support.plugin_envs import LOADING
+
+    from env_servers.server import EnvServer, ServerConfig
+
+    LOADING.clear()
+    server = EnvServer(ServerConfig(env_ids=("slowload",), port=0))
+    starting = asyncio.create_task(server.start())
+    while server._server is None:
+        await asyncio.sleep(0.01)
+    pool = EnvPool([server.address], health_interval_s=0.1, start_timeout_s=20.0)
+    opening = asyncio.create_task(pool.start())
+    await asyncio.sleep(0.5)
+    assert not opening.done(), "the pool waits while the server is NOT_SERVING"
+    LOADING.set()
+    await asyncio.gather(starting, opening)
+    try:
+        session = await pool.open("slowload")
+        assert (await session.reset(seed=4)).observation == "seed=4 t=0"
+    finally:
+        LOADING.set()
+        await pool.close()
+        await server.drain_and_stop(0.1)

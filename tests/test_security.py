@@ -21,7 +21,7 @@ async def test_token_is_required_for_env_calls_but_not_health():
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
         await stranger.close()
         with pytest.raises(NoEndpointAvailable, match="no env endpoint"):  # refused, so never usable
-            await EnvPool([running.address], token="wrong").start()
+            await EnvPool([running.address], token="wrong", start_timeout_s=1.0).start()
         async with EnvPool([running.address], token="s3cret") as pool:
             session = await pool.open("frozenlake")
             assert (await session.reset(seed=3)).observation

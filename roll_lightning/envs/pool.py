@@ -78,6 +78,7 @@ class EnvPool:
         health_interval_s: float = 1.0,
         health_timeout_s: float = 1.0,
         eject_after: int = 2,
+        start_timeout_s: float = 30.0,
         max_batch: int = 256,
         max_inflight_batches: int = 2,
     ) -> None:
@@ -88,6 +89,7 @@ class EnvPool:
                 (one multiplexed bidi stream per endpoint) or ``unary`` (one RPC per call).
             call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
             eject_after: failed health checks in a row before an endpoint is ejected.
+            start_timeout_s: how long `start` waits for a first endpoint to be SERVING (servers may still be loading).
         """
         if isinstance(endpoints, str) and endpoints != "local":
             endpoints = [endpoints]
@@ -106,11 +108,8 @@ class EnvPool:
         self._client_kwargs = {"token": token, "tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}
         self.transport: Transport = transport
         self.call_timeout_s, self.reset_timeout_s = call_timeout_s, reset_timeout_s
-        self.health_interval_s, self.health_timeout_s, self.eject_after = (
-            health_interval_s,
-            health_timeout_s,
-            eject_after,
-        )
+        self.health_interval_s, self.health_timeout_s = health_interval_s, health_timeout_s
+        self.eject_after, self.start_timeout_s = eject_after, start_timeout_s
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
@@ -138,10 +137,17 @@ class EnvPool:
         else:
             addresses = list(self._addresses)
         self.endpoints = [Endpoint(a, EnvClient(a, **self._client_kwargs)) for a in addresses]
-        await asyncio.gather(*(self._check(ep) for ep in self.endpoints))
-        if not any(ep.accepting for ep in self.endpoints):
-            await self.close()
-            raise NoEndpointAvailable(f"no env endpoint is reachable and serving: {', '.join(addresses)}")
+        deadline = asyncio.get_running_loop().time() + self.start_timeout_s
+        while True:  # servers may still be starting or loading (NOT_SERVING): wait for the first one
+            await asyncio.gather(*(self._check(ep) for ep in self.endpoints))
+            if any(ep.accepting for ep in self.endpoints):
+                break
+            if asyncio.get_running_loop().time() >= deadline:
+                await self.close()
+                raise NoEndpointAvailable(
+                    f"no env endpoint is reachable and serving after {self.start_timeout_s:g}s: " + ", ".join(addresses)
+                )
+            await asyncio.sleep(min(0.25, self.health_interval_s))
         for ep in self.endpoints:
             self._tasks.append(asyncio.create_task(self._watch(ep)))
             for kind in ("reset", "step"):

@@ -59,7 +59,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(json.dumps(line), flush=True)
 
     asyncio.run(serve_forever(config, announce=announce))
-    return 0
+    # The drain is over: env calls still running past it (a stuck env) are abandoned, not waited for. A normal
+    # exit would join the worker threads and could hang on them, so leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _env_configs(items: list[str]) -> dict[str, dict]:

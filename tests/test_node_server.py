@@ -501,7 +501,9 @@ async def test_tls_and_token_with_the_pool(start, tmp_path):
         await session.reset(seed=3)
         assert (await session.step("<answer>10</answer>")).info["feedback"] == "higher"
     with pytest.raises(NoEndpointAvailable):  # no token: GetServerInfo is refused, so the server is never usable
-        async with EnvPool([server.address], tls_root_cert=root, tls_server_name="env-host.test") as pool:
+        async with EnvPool(
+            [server.address], tls_root_cert=root, tls_server_name="env-host.test", start_timeout_s=1
+        ) as pool:
             await pool.open("guess_number")
 
 

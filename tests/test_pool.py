@@ -125,7 +125,8 @@ async def test_killed_server_fails_the_episode_within_the_deadline(subprocess_en
 
 
 async def test_ejection_fails_waiting_calls_at_once(subprocess_env):
-    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs"])
+    drain = ["--drain-seconds", "0.5"]  # at the end a 20 s step is still running: do not wait for it
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", *drain])
     try:
         async with EnvPool([server.address], call_timeout_s=30.0, health_interval_s=0.2, eject_after=2) as pool:
             session = await pool.open("slow", {"delay_s": 20.0})
@@ -207,3 +208,20 @@ async def test_start_waits_for_servers_that_are_still_loading():
         LOADING.set()
         await pool.close()
         await server.drain_and_stop(0.1)
+
+
+async def test_sigterm_exits_after_the_drain_even_with_a_stuck_env(subprocess_env):
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", "--drain-seconds", "0.5"])
+    try:
+        async with EnvPool([server.address], health_interval_s=60.0) as pool:
+            session = await pool.open("slow", {"delay_s": 60.0})
+            await session.reset(seed=1)
+            stuck = asyncio.ensure_future(session.step("go"))
+            await asyncio.sleep(0.3)
+            server.process.send_signal(signal.SIGTERM)
+            code = await asyncio.get_running_loop().run_in_executor(None, server.process.wait, 20)
+            assert code == 0, "a stuck env call is abandoned after the drain, not waited for"
+            with pytest.raises(EpisodeFailed):
+                await stuck
+    finally:
+        server.stop()

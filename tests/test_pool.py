@@ -213,7 +213,7 @@ async def test_start_waits_for_servers_that_are_still_loading():
 async def test_sigterm_exits_after_the_drain_even_with_a_stuck_env(subprocess_env):
     server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", "--drain-seconds", "0.5"])
     try:
-        async with EnvPool([server.address], health_interval_s=60.0) as pool:
+        async with EnvPool([server.address], health_interval_s=60.0, call_timeout_s=3.0) as pool:
             session = await pool.open("slow", {"delay_s": 60.0})
             await session.reset(seed=1)
             stuck = asyncio.ensure_future(session.step("go"))

@@ -112,6 +112,17 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """Parse a config field that holds a JSON object (e.g. adapters' ``make_kwargs``); ValueError names the field."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a JSON object")
+    return value
+
+
 def config_schema(config_cls: type) -> str:
     """A JSON Schema (as text) of a config dataclass: field names, types and defaults."""
     hints = typing.get_type_hints(config_cls)

@@ -17,7 +17,6 @@ A GEM format error is reported as ``action_valid=False`` (GEM gives it a -0.1 re
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from env_servers.api import EnvSpec
+from env_servers.api import EnvSpec, json_object
 from env_servers.registry import EnvEntry, register_prefix
 
 PREFIX = "gem:"
@@ -41,12 +40,7 @@ class GemConfig:
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        try:
-            kwargs = json.loads(self.make_kwargs)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"make_kwargs is not JSON: {exc}") from exc
-        if not isinstance(kwargs, dict):
-            raise ValueError("make_kwargs must be a JSON object")
+        json_object(self.make_kwargs, "make_kwargs")
 
 
 def _import_gem() -> Any:
@@ -70,7 +64,7 @@ class GemEnv:
         with _GLOBAL_RNG_LOCK:
             saved = random.getstate(), np.random.get_state()
             try:
-                self.env = gem.make(self.gem_id, **json.loads(config.make_kwargs))
+                self.env = gem.make(self.gem_id, **json_object(config.make_kwargs, "make_kwargs"))
             finally:
                 random.setstate(saved[0])
                 np.random.set_state(saved[1])

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from env_servers.api import EnvSpec
+from env_servers.api import EnvSpec, json_object
 from env_servers.envs.answer import extract_answer
 from env_servers.registry import EnvEntry, register_prefix
 
@@ -37,12 +37,7 @@ class GymConfig:
     def __post_init__(self) -> None:
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        try:
-            kwargs = json.loads(self.make_kwargs)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"make_kwargs is not JSON: {exc}") from exc
-        if not isinstance(kwargs, dict):
-            raise ValueError("make_kwargs must be a JSON object")
+        json_object(self.make_kwargs, "make_kwargs")
 
 
 def _import_gymnasium() -> Any:
@@ -73,7 +68,7 @@ class GymTextEnv:
     def __init__(self, config: GymConfig) -> None:
         gymnasium = _import_gymnasium()
         self.config = config
-        kwargs = json.loads(config.make_kwargs)
+        kwargs = json_object(config.make_kwargs, "make_kwargs")
         self.env = gymnasium.make(self.gym_id, **kwargs)
         self._ansi = "ansi" in self.env.metadata.get("render_modes", ())
         if self._ansi:

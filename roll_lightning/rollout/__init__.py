@@ -1,0 +1,26 @@
+"""Rollout: generation engines, the episode runner, groups, the scheduler and the `RolloutDataModule`.
+
+The engine-free parts (config, batch rows, scheduler) import torch but not transformers or vLLM; engines are
+imported from `roll_lightning.rollout.engines` when built.
+"""
+
+from roll_lightning.rollout.batch import RolloutBatch, collate
+from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError
+from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
+from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeSettings, Turn
+from roll_lightning.rollout.scheduler import RolloutScheduler, group_seed
+
+__all__ = [
+    "ContextBudgetError",
+    "Episode",
+    "EpisodeSettings",
+    "PromptConfig",
+    "RolloutBatch",
+    "RolloutConfig",
+    "RolloutConfigError",
+    "RolloutScheduler",
+    "TemplateDriftError",
+    "Turn",
+    "collate",
+    "group_seed",
+]

@@ -1,0 +1,189 @@
+"""`RolloutBatch`: the training rows made from finished episodes (the contract with the training module).
+
+Layouts (``layout`` in the rollout config):
+- ``trajectory``: one row per episode: ``[prompt_1, reply_1, obs_2 ..., reply_2, ...]``; `response_mask`
+  marks every model-written token of every turn.
+- ``step``: one row per turn: that turn's full prompt + reply, with its ``step`` index and ``anchor``
+  observation (the state GiGPO groups steps by).
+
+Alignment: every ``[B, L]`` tensor is indexed by token position. ``behaviour_logprobs[b, t]`` is the engine's
+log-prob of token ``input_ids[b, t]`` (0 off the response), so the trainer's log-prob of the same token comes
+from the logits at ``t - 1``. Rows are right-padded to the longest row of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from roll_lightning.rollout.episode import Episode, Layout
+
+TENSOR_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "prompt_mask",
+    "behaviour_logprobs",
+    "scores",
+    "step_scores",
+    "episode_scores",
+    "step",
+    "policy_version",
+)
+
+
+@dataclass
+class RolloutBatch:
+    """Rows for one training step.
+
+    Tensors ``[B, L]``: input_ids, attention_mask, position_ids (0..n-1 over real tokens), response_mask (model
+    tokens), prompt_mask (tokens before the first reply), behaviour_logprobs, scores (each turn's env reward on
+    that turn's last reply token; a row's sum is its return).
+    Tensors ``[B]``: step_scores (the row's own turn reward; trajectory rows: their return), episode_scores (the
+    episode's return), step (turn index; trajectory rows: number of turns), policy_version (oldest weights in
+    the row).
+    Lists ``[B]``: traj_group_id (rows of one group share it: same seed), traj_id (one per episode), env_ids,
+    anchor (the observation the row's first reply answered).
+    ``episode_metrics``: one dict per *episode* (not row): success, return, turns, invalid_action_rate, ...
+    ``metrics``: the batch's rollout metrics under ``rollout/``, ``env/`` and ``timing/`` (set by the scheduler).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    scores: torch.Tensor
+    step_scores: torch.Tensor
+    episode_scores: torch.Tensor
+    step: torch.Tensor
+    policy_version: torch.Tensor
+    traj_group_id: list[str]
+    traj_id: list[str]
+    env_ids: list[str]
+    anchor: list[str]
+    layout: str = "trajectory"
+    episode_metrics: list[dict[str, float]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return self._replace({name: getattr(self, name).to(device) for name in TENSOR_FIELDS})
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> RolloutBatch:
+        """The rows at ``index`` (episode_metrics stay whole: they describe the rollout, not the rows)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        rows = idx.tolist()
+        values: dict[str, Any] = {name: getattr(self, name)[idx] for name in TENSOR_FIELDS}
+        for name in ("traj_group_id", "traj_id", "env_ids", "anchor"):
+            values[name] = [getattr(self, name)[i] for i in rows]
+        return self._replace(values)
+
+    def _replace(self, values: dict[str, Any]) -> RolloutBatch:
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RolloutBatch(**{**current, **values})
+
+
+def collate(episodes: Sequence[Episode], layout: Layout, pad_id: int) -> RolloutBatch:
+    """Turn finished episodes into padded rows of the chosen layout."""
+    rows: list[dict[str, Any]] = []
+    for ep in episodes:
+        rows.extend(_trajectory_row(ep) if layout == "trajectory" else _step_rows(ep))
+    if not rows:
+        raise ValueError("collate: no rows (every episode had zero turns)")
+    width = max(len(r["ids"]) for r in rows)
+    n = len(rows)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response = torch.zeros((n, width), dtype=torch.bool)
+    prompt = torch.zeros((n, width), dtype=torch.bool)
+    logprobs = torch.zeros((n, width), dtype=torch.float32)
+    scores = torch.zeros((n, width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        length = len(r["ids"])
+        input_ids[i, :length] = torch.tensor(r["ids"], dtype=torch.long)
+        attention[i, :length] = 1
+        response[i, :length] = torch.tensor(r["response"], dtype=torch.bool)
+        logprobs[i, :length] = torch.tensor(r["logprobs"], dtype=torch.float32)
+        first_reply = r["response"].index(True) if True in r["response"] else length
+        prompt[i, :first_reply] = True
+        for position, reward in r["rewards"]:
+            scores[i, position] = reward
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0) * attention
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=position_ids,
+        response_mask=response,
+        prompt_mask=prompt,
+        behaviour_logprobs=logprobs,
+        scores=scores,
+        step_scores=torch.tensor([r["step_score"] for r in rows], dtype=torch.float32),
+        episode_scores=torch.tensor([r["episode"].score for r in rows], dtype=torch.float32),
+        step=torch.tensor([r["step"] for r in rows], dtype=torch.long),
+        policy_version=torch.tensor([r["version"] for r in rows], dtype=torch.long),
+        traj_group_id=[r["episode"].group_key for r in rows],
+        traj_id=[r["episode"].traj_key for r in rows],
+        env_ids=[r["episode"].env_id for r in rows],
+        anchor=[r["anchor"] for r in rows],
+        layout=layout,
+        episode_metrics=[ep.metrics() for ep in episodes],
+    )
+
+
+def _trajectory_row(ep: Episode) -> list[dict[str, Any]]:
+    if not ep.turns:
+        return []
+    ids: list[int] = []
+    response: list[bool] = []
+    logprobs: list[float] = []
+    rewards: list[tuple[int, float]] = []
+    for turn in ep.turns:
+        ids += turn.prompt_ids + turn.response_ids
+        response += [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids)
+        logprobs += [0.0] * len(turn.prompt_ids) + turn.logprobs
+        rewards.append((len(ids) - 1, turn.reward))
+    return [
+        {
+            "ids": ids,
+            "response": response,
+            "logprobs": logprobs,
+            "rewards": rewards,
+            "step_score": ep.score,
+            "step": len(ep.turns),
+            "version": ep.policy_version,
+            "anchor": ep.turns[0].observation,
+            "episode": ep,
+        }
+    ]
+
+
+def _step_rows(ep: Episode) -> list[dict[str, Any]]:
+    rows = []
+    for k, turn in enumerate(ep.turns):
+        ids = turn.prompt_ids + turn.response_ids
+        rows.append(
+            {
+                "ids": ids,
+                "response": [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
+                "logprobs": [0.0] * len(turn.prompt_ids) + turn.logprobs,
+                "rewards": [(len(ids) - 1, turn.reward)],
+                "step_score": turn.reward,
+                "step": k,
+                "version": turn.policy_version,
+                "anchor": turn.observation,
+                "episode": ep,
+            }
+        )
+    return rows

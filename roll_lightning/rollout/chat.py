@@ -1,0 +1,105 @@
+"""Prompt rendering: chat messages → token ids, without tokenisation drift.
+
+Trajectory rows keep one growing token history per episode. Each new prompt segment is the *text delta* the
+chat template adds to the conversation (``render(messages + [user], gen_prompt) - text so far``), tokenised on
+its own; the engine's reply ids are appended as sampled, never re-tokenised. So the ids the trainer sees are
+exactly the ids the engine saw, and ``decode(ids) == render(conversation)`` holds character for character. A
+template that rewrites earlier turns (some reasoning templates drop old thoughts) breaks that prefix property;
+`TemplateDriftError` says so and points at the step layout, which re-renders the prompt every turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game."
+)
+DEFAULT_TURN_TEMPLATE = (
+    "Turn {turn}:\n{observation}\n"
+    "You have {actions_left} actions left. Answer in the format {action_format}, e.g. {example_action}."
+)
+
+
+class TemplateDriftError(ValueError):
+    """The chat template rendered an earlier part of the conversation differently on a later turn."""
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """How observations become chat messages.
+
+    Args:
+        system_prompt: the system message ("" = none).
+        turn_template: the user message of each turn; placeholders: ``{turn}`` (1-based), ``{observation}``,
+            ``{actions_left}``, ``{action_format}``, ``{example_action}``, ``{max_new_tokens}``.
+        instruction_first_turn: put the env's instruction (from DescribeEnv) before the first turn's message.
+        history_turns: step rows only: how many past turns (observation + reply) the prompt shows; trajectory
+            rows always carry the whole episode.
+    """
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    turn_template: str = DEFAULT_TURN_TEMPLATE
+    instruction_first_turn: bool = True
+    history_turns: int = 2
+
+    def __post_init__(self) -> None:
+        try:
+            self.turn_template.format(
+                turn=1, observation="", actions_left=1, action_format="", example_action="", max_new_tokens=1
+            )
+        except (KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"turn_template: unknown or malformed placeholder {err}") from err
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@dataclass
+class TokenHistory:
+    """One conversation as token ids plus the exact text those ids stand for."""
+
+    tokenizer: Any
+    messages: list[dict[str, str]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def add_user(self, content: str) -> list[int]:
+        """Append a user message and the assistant header; return the ids this added (the prompt delta)."""
+        self.messages.append({"role": "user", "content": content})
+        full = render(self.tokenizer, self.messages, generation_prompt=True)
+        if not full.startswith(self.text):
+            at = next((i for i, (a, b) in enumerate(zip(full, self.text, strict=False)) if a != b), len(full))
+            raise TemplateDriftError(
+                "the chat template re-rendered an earlier turn differently (first difference at character "
+                f"{at}: {self.text[at : at + 40]!r} became {full[at : at + 40]!r}); trajectory rows need a "
+                "prefix-stable template: use layout 'step' with this model"
+            )
+        delta = full[len(self.text) :]
+        ids = encode(self.tokenizer, delta)
+        self.ids.extend(ids)
+        self.text = full
+        return ids
+
+    def add_reply(self, token_ids: list[int], stop_ids: set[int]) -> str:
+        """Append the engine's reply ids as they are; return the reply text (stop token excluded)."""
+        self.ids.extend(token_ids)
+        reply_text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
+        content = self.tokenizer.decode(body, skip_special_tokens=False)
+        self.messages.append({"role": "assistant", "content": content})
+        self.text += reply_text
+        return content
+
+
+def fresh_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The ids of a whole prompt rendered from scratch (step rows)."""
+    return encode(tokenizer, render(tokenizer, messages, generation_prompt=True))

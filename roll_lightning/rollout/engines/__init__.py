@@ -1,0 +1,25 @@
+"""Generation engines behind one async interface (`GenerationEngine`).
+
+`build_engine` picks one by name: ``transformers`` (starts in seconds, batches concurrent calls), ``vllm``
+(continuous batching; the engine for real runs), optionally several replicas behind an `EngineRouter`.
+"""
+
+from roll_lightning.rollout.engines.base import (
+    EngineClosed,
+    FinishReason,
+    Generation,
+    GenerationEngine,
+    SamplingParams,
+)
+from roll_lightning.rollout.engines.router import EngineRouter
+from roll_lightning.rollout.engines.simulated import SimulatedEngine
+
+__all__ = [
+    "EngineClosed",
+    "EngineRouter",
+    "FinishReason",
+    "Generation",
+    "GenerationEngine",
+    "SamplingParams",
+    "SimulatedEngine",
+]

@@ -1,0 +1,73 @@
+"""`SimulatedEngine`: a stand-in engine for *scheduling* tests and benchmarks, never for training.
+
+Every call takes a fixed latency (as if the reply came from a batched accelerator that serves any number of
+concurrent requests in the same time) and answers with one of the given reply texts, tokenised. Its log-probs
+are a constant placeholder. It lets the scheduler be measured without a model: engine busy time is the time at
+least one request is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from roll_lightning.rollout.engines.base import Generation, SamplingParams
+
+PLACEHOLDER_LOGPROB = -1.0
+
+
+class SimulatedEngine:
+    def __init__(self, tokenizer: Any, replies: Sequence[str], *, latency_s: float = 0.05, seed: int = 0) -> None:
+        if not replies:
+            raise ValueError("SimulatedEngine needs at least one reply text")
+        self.policy_version = 0
+        self.latency_s = latency_s
+        eos = tokenizer.eos_token_id
+        self._replies = [tokenizer.encode(text, add_special_tokens=False) + [eos] for text in replies]
+        self._rng = random.Random(seed)
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
+        self._started = time.perf_counter()
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
+        ids = self._rng.choice(self._replies)[: params.max_new_tokens]
+        if self._in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self._in_flight += 1
+        try:
+            await asyncio.sleep(self.latency_s)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._counters["busy_s"] += time.perf_counter() - self._busy_since
+        self._counters["requests"] += 1
+        self._counters["generated_tokens"] += len(ids)
+        self._counters["prompt_tokens"] += len(prompt_ids)
+        finish = "stop" if ids and ids[-1] == self._replies[0][-1] else "length"
+        return Generation(list(ids), [PLACEHOLDER_LOGPROB] * len(ids), finish, self.policy_version, len(prompt_ids))
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self._counters)
+        if self._in_flight:
+            out["busy_s"] += time.perf_counter() - self._busy_since
+        out["uptime_s"] = time.perf_counter() - self._started
+        return out
+
+    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        self.policy_version = version
+
+    async def sleep(self) -> None:
+        return None
+
+    async def wake(self) -> None:
+        return None
+
+    async def reset_prefix_cache(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

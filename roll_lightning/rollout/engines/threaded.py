@@ -1,0 +1,169 @@
+"""`ThreadedEngine`: the shared plumbing of engines whose compute runs on one worker thread.
+
+The asyncio side only enqueues requests and awaits futures; the worker thread owns the model. Anything that
+touches the model outside generation (loading weights, resetting a cache) is queued as a command and runs on
+the worker *between* units of work, so no reply is ever produced by half-loaded weights. If the worker dies,
+every waiting and later call fails with `EngineClosed` naming the cause instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_lightning.rollout.engines.base import EngineClosed, Generation, SamplingParams
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    key: str
+    future: Future[Generation]
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class ThreadedEngine:
+    """Subclasses implement `_work(new)` (take the new requests, do one unit of work, `_done(...)` what
+    finished) and `_busy()` (requests still in flight inside the engine)."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+        self._inbox: queue.SimpleQueue[Request | Callable[[], Any] | None] = queue.SimpleQueue()
+        self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
+        self._started = time.perf_counter()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"{self.name}-worker", daemon=True)
+
+    def _start_worker(self) -> None:
+        self._thread.start()
+
+    # -- asyncio side --------------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
+        self._check_alive()
+        prompt = list(prompt_ids)
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"generate: the prompt must be a non-empty list of token ids, got {prompt[:5]!r}...")
+        future: Future[Generation] = Future()
+        self._inbox.put(Request(prompt, params, key, future))
+        return await asyncio.wrap_future(future)
+
+    async def run_on_worker(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker thread between units of work; return its result."""
+        self._check_alive()
+        future: Future[Any] = Future()
+
+        def command() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as err:  # noqa: BLE001 - handed to the awaiting caller
+                future.set_exception(err)
+
+        self._inbox.put(command)
+        return await asyncio.wrap_future(future)
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self._counters)
+        out["uptime_s"] = time.perf_counter() - self._started
+        return out
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(None)
+        await asyncio.to_thread(self._thread.join, 60)
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise EngineClosed(f"{self.name} worker died: {self._failure!r}") from self._failure
+        if self._closed:
+            raise EngineClosed(f"{self.name} is closed")
+
+    # -- worker side ---------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        pending: list[Request] = []
+        try:
+            while True:
+                block = not pending and not self._busy()
+                stop = self._drain_inbox(pending, block)
+                if stop:
+                    break
+                if not pending and not self._busy():
+                    continue
+                new, pending = pending, []
+                t0 = time.perf_counter()
+                self._work(new)
+                self._counters["busy_s"] += time.perf_counter() - t0
+        except BaseException as err:  # noqa: BLE001 - recorded, then every waiter is failed with it
+            self._failure = err
+        finally:
+            self._fail_everything(pending)
+
+    def _drain_inbox(self, pending: list[Request], block: bool) -> bool:
+        """Move queued requests into ``pending`` and run queued commands; True when asked to stop."""
+        while True:
+            try:
+                item = self._inbox.get(block=block, timeout=None)
+            except queue.Empty:
+                return False
+            block = False
+            if item is None:
+                return True
+            if isinstance(item, Request):
+                if item.future.set_running_or_notify_cancel():
+                    pending.append(item)
+            else:
+                item()
+
+    def _run_batch(self, batch: list[Request], generate: Callable[[list[Request]], list[Generation]]) -> None:
+        """Run one batch; an error fails that batch's requests only (a bad prompt must not stop the engine)."""
+        try:
+            results = generate(batch)
+        except Exception as err:  # noqa: BLE001 - delivered to the callers that caused it
+            for request in batch:
+                request.future.set_exception(err)
+            return
+        for request, generation in zip(batch, results, strict=True):
+            self._done(request, generation)
+
+    def _done(self, request: Request, generation: Generation) -> None:
+        self._counters["requests"] += 1
+        self._counters["generated_tokens"] += len(generation.token_ids)
+        self._counters["prompt_tokens"] += len(request.prompt_ids)
+        request.future.set_result(generation)
+
+    def _fail_everything(self, pending: list[Request]) -> None:
+        cause = self._failure or EngineClosed(f"{self.name} is closed")
+        for request in pending + self._in_flight():
+            if not request.future.done():
+                request.future.set_exception(EngineClosed(f"{self.name} stopped: {cause!r}"))
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Request) and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineClosed(f"{self.name} stopped: {cause!r}"))
+
+    # -- for subclasses ------------------------------------------------------------------------------
+
+    def _work(self, new: list[Request]) -> None:
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
+        return False
+
+    def _in_flight(self) -> list[Request]:
+        return []

@@ -1,0 +1,171 @@
+"""`TransformersEngine`: generation with `model.generate`, the fast-starting engine for CPUs and tests.
+
+Concurrent `generate` calls are batched: whatever is waiting when the worker frees up (up to
+`max_batch_size`, same sampling params) goes into one left-padded `generate`. There is no continuous
+batching, so a batch lasts as long as its longest reply; vLLM is the engine for throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_lightning.rollout.engines.base import FinishReason, Generation
+from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
+
+log = logging.getLogger(__name__)
+
+
+class TransformersEngine(ThreadedEngine):
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: str | Path | torch.nn.Module,
+        *,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        seed: int = 0,
+        threads: int | None = None,
+    ) -> None:
+        """
+        Args:
+            model: a model folder (loaded with `AutoModelForCausalLM`) or a model object to generate with.
+            tokenizer: used only for its eos/pad ids; loaded from ``model`` when it is a folder.
+            max_batch_size: the most requests in one `generate` call.
+            seed: seeds the sampling RNG, so a run's replies are reproducible given the same request order.
+            threads: torch intra-op threads for the worker (None = leave torch's setting alone).
+        """
+        super().__init__()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, torch.nn.Module):
+            self.model = model
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+        if tokenizer is None:
+            raise ValueError("TransformersEngine: pass a tokenizer with a model object")
+        self.model.to(device).eval()
+        self.device = torch.device(device)
+        self.eos_ids = _eos_ids(tokenizer, self.model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.max_batch_size = max_batch_size
+        self._generator_seed = seed
+        self._batches = 0
+        self._threads = threads
+        self._waiting: list[Request] = []
+        self._start_worker()
+
+    # -- engine interface ----------------------------------------------------------------------------
+
+    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        def load() -> None:
+            missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
+            # Tied output embeddings are legitimately absent from a de-duplicated state dict.
+            missing = [k for k in missing if not k.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise ValueError(f"load_weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            self.policy_version = version
+
+        await self.run_on_worker(load)
+
+    async def sleep(self) -> None:
+        if self.device.type == "cuda":
+            await self.run_on_worker(lambda: (self.model.to("cpu"), torch.cuda.empty_cache()))
+        else:
+            log.info("transformers engine: sleep is a no-op on %s", self.device)
+
+    async def wake(self) -> None:
+        if self.device.type == "cuda":
+            await self.run_on_worker(lambda: self.model.to(self.device))
+
+    async def reset_prefix_cache(self) -> None:
+        return None  # generate() keeps no cache across calls
+
+    # -- worker --------------------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        return bool(self._waiting)
+
+    def _in_flight(self) -> list[Request]:
+        return self._waiting
+
+    def _work(self, new: list[Request]) -> None:
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
+        self._waiting.extend(new)
+        params = self._waiting[0].params
+        batch = [r for r in self._waiting if r.params == params][: self.max_batch_size]
+        chosen = set(map(id, batch))
+        self._waiting = [r for r in self._waiting if id(r) not in chosen]
+        self._run_batch(batch, self._generate)
+
+    @torch.no_grad()
+    def _generate(self, batch: list[Request]) -> list[Generation]:
+        params = batch[0].params
+        width = max(len(r.prompt_ids) for r in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):  # left padding: every prompt ends where generation starts
+            input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            attention[row, width - len(request.prompt_ids) :] = 1
+        stops = list(dict.fromkeys([*self.eos_ids, *params.stop_token_ids]))
+        greedy = params.temperature == 0
+        torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
+        self._batches += 1
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p,
+            top_k=None if greedy else params.top_k,  # 0 = off; None would let generation_config's default in
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=stops,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new_tokens = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]: raw, before any warper
+        scale = 1.0 if greedy else params.temperature
+        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        results = []
+        stop_set = set(stops)
+        for row in range(len(batch)):
+            ids = new_tokens[row].tolist()
+            reason: FinishReason = "length"
+            for i, token in enumerate(ids):
+                if token in stop_set:
+                    ids, reason = ids[: i + 1], "stop"
+                    break
+            results.append(
+                Generation(
+                    token_ids=ids,
+                    logprobs=logprobs[row, : len(ids)].tolist(),
+                    finish_reason=reason,
+                    policy_version=self.policy_version,
+                    prompt_tokens=len(batch[row].prompt_ids),
+                )
+            )
+        return results
+
+
+def _eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
+    ids: list[int] = []
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids.extend(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the tokenizer and generation config name no eos token: replies could never stop")
+    return list(dict.fromkeys(ids))

@@ -1,0 +1,243 @@
+"""One episode: reset with the group's seed, then render → generate → step until it ends.
+
+`EpisodeBuilder` holds the bookkeeping (prompts, token ids, rewards) and does no I/O, so the async runner
+(`run_episode`) and the lock-step collector drive the very same code. The runner parses nothing: the reply
+text goes to the env as the action and the env judges it (an unparsable reply is a normal, penalised step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from roll_lightning.envs.session import EnvSession, ResetOutcome, StepOutcome
+from roll_lightning.rollout.chat import PromptConfig, TokenHistory, fresh_prompt
+from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+
+Layout = Literal["trajectory", "step"]
+EndReason = Literal["terminated", "truncated", "max_turns", "context"]
+
+
+class ContextBudgetError(ValueError):
+    """The first prompt alone does not fit the context budget: no turn could ever be played."""
+
+
+@dataclass
+class Turn:
+    """One reply and its consequence. ``prompt_ids``: trajectory rows: the ids added before this reply (the
+    first turn: the whole first prompt); step rows: the whole prompt of this turn."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+    observation: str  # what the agent saw when it replied (GiGPO's anchor state)
+    reply: str = ""
+    reward: float = 0.0
+    action_valid: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+
+@dataclass
+class Episode:
+    """A finished episode with everything a training row needs."""
+
+    group_index: int
+    member: int
+    seed: int
+    env_id: str
+    episode_id: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    end_reason: EndReason = "terminated"
+    layout: Layout = "trajectory"
+    attempts: int = 1
+    wall_s: float = 0.0
+
+    @property
+    def group_key(self) -> str:
+        return f"{self.env_id}/g{self.group_index}/s{self.seed}"
+
+    @property
+    def traj_key(self) -> str:
+        return f"{self.group_key}/m{self.member}"
+
+    @property
+    def score(self) -> float:
+        return sum(t.reward for t in self.turns)
+
+    @property
+    def policy_version(self) -> int:
+        """The oldest weights that wrote any of its replies (what staleness is measured against)."""
+        return min((t.policy_version for t in self.turns), default=0)
+
+    def metrics(self) -> dict[str, float]:
+        n = len(self.turns)
+        last = self.turns[-1].metrics if self.turns else {}
+        return {
+            "success": float(last.get("success", 0.0)),
+            "return": self.score,
+            "turns": float(n),
+            "invalid_action_rate": sum(not t.action_valid for t in self.turns) / n if n else 0.0,
+            "response_tokens": float(sum(len(t.response_ids) for t in self.turns)),
+            "truncated_replies": float(sum(t.finish_reason == "length" for t in self.turns)),
+            "env_latency_s": sum(t.env_s for t in self.turns) / n if n else 0.0,
+            "generate_latency_s": sum(t.generate_s for t in self.turns) / n if n else 0.0,
+            "context_ended": float(self.end_reason == "context"),
+            "attempts": float(self.attempts),
+        }
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    layout: Layout = "trajectory"
+    max_turns: int = 10
+    max_context_tokens: int = 2048
+    sampling: SamplingParams = SamplingParams()
+    prompt: PromptConfig = PromptConfig()
+
+
+class EpisodeBuilder:
+    """Pure bookkeeping for one episode (no awaits, no env or engine calls)."""
+
+    def __init__(
+        self, tokenizer: Any, settings: EpisodeSettings, spec: Any, episode: Episode, stop_ids: set[int]
+    ) -> None:
+        self.tokenizer, self.settings, self.spec, self.episode = tokenizer, settings, spec, episode
+        self.stop_ids = stop_ids
+        self.history = TokenHistory(tokenizer)
+        self.observation = ""
+        self.done = False
+        self._pending_prompt: list[int] = []
+        if settings.prompt.system_prompt:
+            self.history.messages.append({"role": "system", "content": settings.prompt.system_prompt})
+            self.history.text = ""  # the system message is rendered together with the first user message
+
+    @property
+    def max_turns(self) -> int:
+        spec_max = int(getattr(self.spec, "max_steps", 0) or 0)
+        return min(self.settings.max_turns, spec_max) if spec_max else self.settings.max_turns
+
+    def _user_message(self, turn: int, observation: str) -> str:
+        p = self.settings.prompt
+        text = p.turn_template.format(
+            turn=turn + 1,
+            observation=observation,
+            actions_left=self.max_turns - turn,
+            action_format=getattr(self.spec, "action_format", ""),
+            example_action=getattr(self.spec, "example_action", ""),
+            max_new_tokens=self.settings.sampling.max_new_tokens,
+        )
+        instruction = getattr(self.spec, "instruction", "")
+        if turn == 0 and p.instruction_first_turn and instruction:
+            text = f"{instruction}\n\n{text}"
+        return text
+
+    def start(self, reset: ResetOutcome) -> None:
+        self.episode.episode_id = reset.episode_id
+        self.observation = reset.observation
+
+    def next_request(self) -> tuple[list[int], SamplingParams] | None:
+        """The prompt ids and sampling params of the next reply, or None when the episode is over."""
+        if self.done:
+            return None
+        turn = len(self.episode.turns)
+        if turn >= self.max_turns:
+            self._end("max_turns")
+            return None
+        if self.settings.layout == "trajectory":
+            added = self.history.add_user(self._user_message(turn, self.observation))
+            self._pending_prompt = added
+            context = len(self.history.ids)
+        else:
+            self._pending_prompt = fresh_prompt(self.tokenizer, self._window_messages(turn))
+            context = len(self._pending_prompt)
+        room = self.settings.max_context_tokens - context
+        if room < 1:
+            if turn == 0:
+                raise ContextBudgetError(
+                    f"max_context_tokens={self.settings.max_context_tokens} is smaller than the first prompt "
+                    f"({context} tokens) of env '{self.episode.env_id}': raise it or shorten the prompt"
+                )
+            self._end("context")
+            return None
+        params = self.settings.sampling
+        if room < params.max_new_tokens:
+            params = params.replace(max_new_tokens=room)
+        prompt = self.history.ids if self.settings.layout == "trajectory" else self._pending_prompt
+        return list(prompt), params
+
+    def _window_messages(self, turn: int) -> list[dict[str, str]]:
+        messages = [m for m in self.history.messages if m["role"] == "system"]
+        first = max(0, turn - self.settings.prompt.history_turns)
+        for past in range(first, turn):
+            t = self.episode.turns[past]
+            messages.append({"role": "user", "content": self._user_message(past, t.observation)})
+            messages.append({"role": "assistant", "content": t.reply})
+        messages.append({"role": "user", "content": self._user_message(turn, self.observation)})
+        return messages
+
+    def record_reply(self, generation: Generation, generate_s: float) -> str:
+        """Store the reply; return the action text for the env."""
+        if self.settings.layout == "trajectory":
+            reply = self.history.add_reply(generation.token_ids, self.stop_ids)
+        else:
+            body = generation.token_ids
+            if body and body[-1] in self.stop_ids:
+                body = body[:-1]
+            reply = self.tokenizer.decode(body, skip_special_tokens=False)
+        self.episode.turns.append(
+            Turn(
+                prompt_ids=self._pending_prompt,
+                response_ids=list(generation.token_ids),
+                logprobs=list(generation.logprobs),
+                finish_reason=generation.finish_reason,
+                policy_version=generation.policy_version,
+                observation=self.observation,
+                reply=reply,
+                generate_s=generate_s,
+            )
+        )
+        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+    def record_step(self, outcome: StepOutcome, env_s: float) -> None:
+        turn = self.episode.turns[-1]
+        turn.reward, turn.action_valid, turn.env_s = outcome.reward, outcome.action_valid, env_s
+        turn.metrics = dict(outcome.metrics)
+        self.observation = outcome.observation
+        if outcome.terminated:
+            self._end("terminated")
+        elif outcome.truncated:
+            self._end("truncated")
+
+    def _end(self, reason: EndReason) -> None:
+        self.done = True
+        self.episode.end_reason = reason
+
+
+async def run_episode(
+    session: EnvSession,
+    engine: GenerationEngine,
+    builder: EpisodeBuilder,
+    *,
+    turn_timeout_s: float | None = None,
+) -> Episode:
+    """Play one episode to its end. Env faults raise `EpisodeFailed`; a turn past its deadline raises
+    `TimeoutError` (the scheduler retries or drops the group; nothing partial is returned)."""
+    started = time.perf_counter()
+    episode = builder.episode
+    builder.start(await session.reset(seed=episode.seed))
+    while (request := builder.next_request()) is not None:
+        prompt, params = request
+        t0 = time.perf_counter()
+        generation = await asyncio.wait_for(engine.generate(prompt, params, key=episode.traj_key), turn_timeout_s)
+        t1 = time.perf_counter()
+        action = builder.record_reply(generation, t1 - t0)
+        outcome = await session.step(action)
+        builder.record_step(outcome, time.perf_counter() - t1)
+    episode.wall_s = time.perf_counter() - started
+    return episode

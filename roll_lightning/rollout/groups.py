@@ -1,0 +1,102 @@
+"""`GroupQueue`: collects episodes into groups and releases only complete, fresh groups.
+
+Every member of a group starts from the same seed, so a group-normalised advantage compares like with like;
+a group missing a member is never released (a failed group is dropped whole). Groups are released in the order
+they complete. A group whose oldest reply came from weights more than ``max_staleness`` policy versions ago is
+dropped when the version moves on (0 = strictly on-policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from roll_lightning.rollout.episode import Episode
+
+
+@dataclass
+class Group:
+    index: int  # global group index: fixes the seed and the resume position
+    seed: int
+    size: int  # members needed (the group may run more, see redundancy)
+    started_version: int
+    episodes: list[Episode] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    finished: bool = False  # released or dropped
+
+    @property
+    def complete(self) -> bool:
+        return len(self.episodes) >= self.size
+
+    @property
+    def policy_version(self) -> int:
+        versions = [ep.policy_version for ep in self.episodes if ep.turns]
+        return min(versions, default=self.started_version)
+
+
+class GroupQueue:
+    def __init__(self, max_staleness: int) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.live: dict[int, Group] = {}
+        self._ready: deque[Group] = deque()
+        self._changed = asyncio.Event()
+        self.counters = {"released": 0, "dropped_failed": 0, "dropped_stale": 0}
+        self.error: BaseException | None = None
+
+    def add(self, group: Group) -> None:
+        self.live[group.index] = group
+
+    def put(self, index: int, episode: Episode) -> bool:
+        """Add a finished episode; True when it completed its group (the caller cancels redundant members)."""
+        group = self.live.get(index)
+        if group is None or group.finished or group.complete:
+            return False
+        group.episodes.append(episode)
+        if group.complete:
+            self._ready.append(group)
+            self._changed.set()
+            return True
+        return False
+
+    def drop(self, index: int, reason: str) -> Group | None:
+        group = self.live.pop(index, None)
+        if group is None or group.finished:
+            return None
+        group.finished = True
+        if group in self._ready:
+            self._ready.remove(group)
+        self.counters[f"dropped_{reason}"] += 1
+        self._changed.set()
+        return group
+
+    def expire(self, version: int) -> list[Group]:
+        """Drop every group (running or complete) that is already too stale for ``version``."""
+        stale = [g for g in self.live.values() if version - g.policy_version > self.max_staleness]
+        return [g for g in (self.drop(g.index, "stale") for g in stale) if g is not None]
+
+    def fail(self, error: BaseException) -> None:
+        """Make every waiting and later `take` raise ``error`` (the rollout cannot go on)."""
+        if self.error is None:
+            self.error = error
+        self._changed.set()
+
+    async def take(self, n_groups: int) -> list[Group]:
+        """Wait for ``n_groups`` complete groups and release them; raises what `fail` recorded."""
+        while len(self._ready) < n_groups:
+            if self.error is not None:
+                raise self.error
+            self._changed.clear()
+            await self._changed.wait()
+        out = [self._ready.popleft() for _ in range(n_groups)]
+        for group in out:
+            group.finished = True
+            self.live.pop(group.index, None)
+        self.counters["released"] += n_groups
+        return out
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)

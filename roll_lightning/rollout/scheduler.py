@@ -1,0 +1,324 @@
+"""`RolloutScheduler`: keeps episodes running and hands out batches of complete groups.
+
+Async mode: every episode is its own task on the scheduler's asyncio loop; the engine batches whatever replies
+are pending, the env pool batches whatever steps are pending, so neither waits for the slowest episode. The
+scheduler starts only as many groups as waiting `get_batch` calls need plus ``max_staleness`` batches ahead.
+Lock-step mode (`lockstep.py`) plays a batch turn by turn instead.
+
+Faults: a failed episode (`EpisodeFailed` from the env client, a turn or episode deadline) is replayed on a
+fresh session with the same seed; when its retries run out the whole group is dropped and replaced. Nothing
+partial is ever returned, and `get_batch` raises rather than hangs when groups keep failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from roll_lightning.envs import EnvPool, EnvSession, EpisodeFailed
+from roll_lightning.rollout.batch import RolloutBatch, collate
+from roll_lightning.rollout.config import RolloutConfig
+from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
+from roll_lightning.rollout.groups import Group, GroupQueue
+from roll_lightning.rollout.metrics import batch_metrics
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (EpisodeFailed, TimeoutError)
+
+
+def group_seed(run_seed: int, group_index: int) -> int:
+    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree."""
+    return int(np.random.SeedSequence([run_seed, group_index]).generate_state(1)[0] & 0x7FFF_FFFF)
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        pool: EnvPool,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        config: RolloutConfig,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        """Create on the asyncio loop that will run it. Rank ``r`` of ``world_size`` plays groups r, r+W, ..."""
+        self.pool, self.engine, self.tokenizer, self.config = pool, engine, tokenizer, config
+        self.rank, self.world_size = rank, world_size
+        stops = {tokenizer.eos_token_id, *config.episode.sampling.stop_token_ids, *stop_token_ids}
+        self.stop_ids = {s for s in stops if s is not None}
+        self.queue = GroupQueue(config.max_staleness)
+        self.counters: dict[str, float] = {
+            "episodes": 0,
+            "episode_retries": 0,
+            "redundant_cancelled": 0,
+            "groups_failed_in_a_row": 0,
+        }
+        # Resume bookkeeping over *local* group numbers: all below the watermark are consumed or dropped.
+        self._next_local = 0
+        self._watermark = 0
+        self._settled_above: set[int] = set()
+        self._restart: deque[int] = deque()
+        self._demand = 0
+        self._running = 0
+        self._idle_sessions: list[EnvSession] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._kick = asyncio.Event()
+        self._generation_open = asyncio.Event()
+        self._generation_open.set()
+        self._in_flight = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._producer: asyncio.Task[None] | None = None
+        self._last_failure: BaseException | None = None
+        self.batches = 0
+
+    # -- public API ----------------------------------------------------------------------------------
+
+    async def get_batch(self, n: int | None = None) -> RolloutBatch:
+        """Wait for ``n`` trajectories (default ``config.batch_size``) of complete, fresh groups."""
+        n = self.config.batch_size if n is None else n
+        if n % self.config.group_size:
+            raise ValueError(f"get_batch({n}): not a multiple of group_size={self.config.group_size}")
+        started = time.perf_counter()
+        before = self.engine.stats()
+        if self.config.mode == "lockstep":
+            from roll_lightning.rollout.lockstep import collect_lockstep
+
+            groups = await collect_lockstep(self, n // self.config.group_size)
+        else:
+            groups = await self._take(n // self.config.group_size)
+        for group in groups:
+            self._settle(group.index)
+        episodes = [ep for g in groups for ep in sorted(g.episodes, key=lambda e: e.member)[: g.size]]
+        batch = collate(episodes, self.config.episode.layout, _pad_id(self.tokenizer))
+        batch.metrics = batch_metrics(
+            episodes, self, wall_s=time.perf_counter() - started, engine_before=before, engine_after=self.engine.stats()
+        )
+        self.batches += 1
+        return batch
+
+    async def suspend(self) -> None:
+        """Hold new replies and wait for the ones in flight (before weights change or the engine sleeps)."""
+        self._generation_open.clear()
+        await self._drained.wait()
+
+    async def resume(self) -> None:
+        """Let generation go on; groups now too stale for the engine's policy version are dropped."""
+        for group in self.queue.expire(self.engine.policy_version):
+            self._abandon(group)
+        self._generation_open.set()
+        self._kick.set()
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            self._producer.cancel()
+        for group in list(self.queue.live.values()):
+            for task in group.tasks:
+                task.cancel()
+        tasks = [t for g in self.queue.live.values() for t in g.tasks] + list(self._background)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in self._idle_sessions), return_exceptions=True)
+        self._idle_sessions.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is in its sequence of groups (consumed or dropped groups are never replayed, started
+        but unconsumed ones are replayed after a resume, none is skipped)."""
+        return {
+            "next_local": self._next_local,
+            "watermark": self._watermark,
+            "settled_above": sorted(self._settled_above),
+            "batches": self.batches,
+            "seed": self.config.seed,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.config.seed or state.get("world_size") != self.world_size:
+            raise ValueError(
+                f"rollout state was saved with seed={state.get('seed')}, world_size={state.get('world_size')}; "
+                f"this run has seed={self.config.seed}, world_size={self.world_size}"
+            )
+        self._next_local, self._watermark = state["next_local"], state["watermark"]
+        self._settled_above = set(state["settled_above"])
+        self._restart = deque(i for i in range(self._watermark, self._next_local) if i not in self._settled_above)
+        self.batches = state["batches"]
+
+    # -- generation gate -----------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
+        """The engine behind the suspend/resume gate (what episodes call)."""
+        await self._generation_open.wait()
+        self._in_flight += 1
+        self._drained.clear()
+        try:
+            return await self.engine.generate(prompt_ids, params, key=key)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.set()
+
+    # -- groups --------------------------------------------------------------------------------------
+
+    def new_group(self) -> Group:
+        local = self._restart.popleft() if self._restart else self._take_next_local()
+        index = local * self.world_size + self.rank
+        group = Group(index, group_seed(self.config.seed, index), self.config.group_size, self.engine.policy_version)
+        self.queue.add(group)
+        return group
+
+    def _take_next_local(self) -> int:
+        self._next_local += 1
+        return self._next_local - 1
+
+    def _settle(self, index: int) -> None:
+        local = index // self.world_size
+        if local < self._watermark or local in self._settled_above:
+            return
+        self._settled_above.add(local)
+        while self._watermark in self._settled_above:
+            self._settled_above.remove(self._watermark)
+            self._watermark += 1
+
+    async def _take(self, n_groups: int) -> list[Group]:
+        self._ensure_producer()
+        self._demand += n_groups
+        self._kick.set()
+        taken: list[Group] = []
+        try:
+            while len(taken) < n_groups:
+                for group in await self.queue.take(1):
+                    if self.engine.policy_version - group.policy_version > self.config.max_staleness:
+                        self.queue.counters["dropped_stale"] += 1
+                        self._settle(group.index)
+                        self._kick.set()
+                    else:
+                        taken.append(group)
+                        self._demand -= 1
+        finally:
+            self._demand -= n_groups - len(taken)
+        return taken
+
+    def _ensure_producer(self) -> None:
+        if self._producer is None or self._producer.done():
+            self._producer = asyncio.create_task(self._produce(), name="rollout-producer")
+            self._producer.add_done_callback(self._producer_died)
+
+    def _producer_died(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.queue.fail(task.exception())
+
+    async def _produce(self) -> None:
+        members = self.config.group_size + self.config.group_redundancy
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            wanted = self._demand + self.config.max_staleness * self.config.groups_per_batch
+            while (
+                self._generation_open.is_set()
+                and len(self.queue.live) < wanted
+                and (self._running == 0 or self._running + members <= self.config.concurrent_episodes)
+            ):
+                group = self.new_group()
+                for member in range(members):
+                    self._running += 1
+                    task = asyncio.create_task(self._play(group, member), name=f"episode-{group.index}-{member}")
+                    group.tasks.append(task)
+
+    async def _play(self, group: Group, member: int) -> None:
+        try:
+            episode = await self.play_member(group, member)
+            if episode is not None and self.queue.put(group.index, episode):
+                self.counters["groups_failed_in_a_row"] = 0
+                for task in group.tasks:
+                    if task is not asyncio.current_task() and not task.done():
+                        task.cancel()
+                        self.counters["redundant_cancelled"] += 1
+        except asyncio.CancelledError:
+            pass
+        except (ContextBudgetError, EngineClosed) as err:
+            self.queue.fail(err)
+        except Exception as err:  # a bug must stop the run loudly, not leave get_batch waiting
+            log.exception("episode task crashed")
+            self.queue.fail(err)
+        finally:
+            self._running -= 1
+            self._kick.set()
+
+    async def play_member(self, group: Group, member: int) -> Episode | None:
+        """Play one member to the end, with retries; None if its group was dropped meanwhile or now."""
+        attempts = 0
+        while True:
+            attempts += 1
+            session = await self._session()
+            episode = Episode(group.index, member, group.seed, self.config.env_id, layout=self.config.episode.layout)
+            episode.attempts = attempts
+            builder = EpisodeBuilder(self.tokenizer, self.config.episode, session.spec, episode, self.stop_ids)
+            try:
+                result = await asyncio.wait_for(
+                    run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s),
+                    self.config.episode_timeout_s,
+                )
+            except RETRYABLE as err:
+                self._discard(session)
+                self._last_failure = err
+                if group.finished:
+                    return None
+                if attempts > self.config.episode_retries:
+                    log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
+                    dropped = self.queue.drop(group.index, "failed")
+                    if dropped is not None:
+                        self._abandon(dropped)
+                        self._count_failed_group()
+                    return None
+                self.counters["episode_retries"] += 1
+                continue
+            except BaseException:
+                self._discard(session)
+                raise
+            finally:
+                release = getattr(self.engine, "release", None)
+                if release is not None:
+                    release(episode.traj_key)
+            self._idle_sessions.append(session)
+            self.counters["episodes"] += 1
+            return result
+
+    def _count_failed_group(self) -> None:
+        self.counters["groups_failed_in_a_row"] += 1
+        if self.counters["groups_failed_in_a_row"] >= self.config.max_failed_groups_in_a_row:
+            self.queue.fail(
+                RuntimeError(
+                    f"{int(self.counters['groups_failed_in_a_row'])} groups in a row were dropped because their "
+                    f"episodes kept failing; last error: {self._last_failure!r}"
+                )
+            )
+
+    def _abandon(self, group: Group) -> None:
+        self._settle(group.index)
+        for task in group.tasks:
+            if task is not asyncio.current_task() and not task.done():
+                task.cancel()
+
+    async def _session(self) -> EnvSession:
+        if self._idle_sessions:
+            return self._idle_sessions.pop()
+        return await self.pool.open(self.config.env_id, self.config.env_config, tag=f"rank{self.rank}")
+
+    def _discard(self, session: EnvSession) -> None:
+        task = asyncio.create_task(session.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -1,0 +1,44 @@
+"""Rollout fixtures: the tiny local model (built once per test session), its tokenizer, real env servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from env_servers.server import EnvServer, RunningServer, ServerConfig
+from roll_lightning.envs import EnvPool
+from roll_lightning.models.tiny import tiny_model
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
+
+
+@pytest.fixture(scope="session")
+def model_dir_seed1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model(tmp_path_factory.getbasetemp() / "models", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def env_server() -> Iterator[RunningServer]:
+    # `crashy` and `slow` come from tests/support/plugin_envs.py (imported by the root conftest).
+    running = EnvServer.run_in_thread(ServerConfig(env_ids=("sokoban", "frozenlake", "crashy", "slow"), port=0))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def pool(env_server: RunningServer) -> AsyncIterator[EnvPool]:
+    async with EnvPool([env_server.address], health_interval_s=0.2) as p:
+        yield p

@@ -1,0 +1,92 @@
+"""Prompt rendering keeps the trainer's tokens identical to the engine's (no tokenisation drift)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError, TokenHistory, render
+
+SYSTEM = {"role": "system", "content": "You play games."}
+
+
+def _play(tokenizer: Any, replies: list[str]) -> TokenHistory:
+    history = TokenHistory(tokenizer, messages=[dict(SYSTEM)])
+    eos = tokenizer.eos_token_id
+    for k, reply in enumerate(replies):
+        history.add_user(f"Turn {k + 1}:\n#####\n#P_O#\n#_X√#\n#####")
+        history.add_reply(tokenizer.encode(reply, add_special_tokens=False) + [eos], {eos})
+    return history
+
+
+def test_history_ids_equal_the_template_tokenisation_of_the_whole_conversation(tokenizer: Any) -> None:
+    history = _play(tokenizer, ["<answer>Left</answer>", "<think>box is right</think><answer>Up</answer>", "Down"])
+    history.add_user("Turn 4:\n#####")  # the next prompt: ends with the assistant header
+    whole = render(tokenizer, history.messages, generation_prompt=True)
+    assert history.text == whole
+    assert history.ids == tokenizer.encode(whole, add_special_tokens=False)
+    assert whole.endswith("<|im_start|>assistant\n")
+
+
+def test_sampled_reply_ids_are_kept_verbatim_and_text_still_matches(tokenizer: Any) -> None:
+    """A reply in a non-canonical tokenisation ("Le"+"ft" instead of "Left") is kept as sampled: the text the
+    ids stand for is still exactly the template's rendering of the conversation."""
+    eos = tokenizer.eos_token_id
+    pieces = [tokenizer.encode(p, add_special_tokens=False) for p in ["<answer>", "Le", "ft", "</answer>"]]
+    reply_ids = [i for p in pieces for i in p] + [eos]
+    history = TokenHistory(tokenizer, messages=[dict(SYSTEM)])
+    first_prompt = list(history.add_user("Turn 1: go"))
+    history.add_reply(reply_ids, {eos})
+    before = list(history.ids)
+    history.add_user("Turn 2: again")
+    assert history.ids[: len(before)] == before  # earlier prompts are prefixes of later ones
+    assert history.ids[len(first_prompt) : len(first_prompt) + len(reply_ids)] == reply_ids
+    assert tokenizer.decode(history.ids, skip_special_tokens=False) == render(
+        tokenizer, history.messages, generation_prompt=True
+    )
+    assert history.messages[-2] == {"role": "assistant", "content": "<answer>Left</answer>"}
+
+
+def test_reply_cut_by_the_length_limit_is_closed_by_the_template(tokenizer: Any) -> None:
+    eos = tokenizer.eos_token_id
+    history = TokenHistory(tokenizer, messages=[dict(SYSTEM)])
+    history.add_user("Turn 1")
+    history.add_reply(tokenizer.encode("<answer>Le", add_special_tokens=False), {eos})  # no eos: hit max tokens
+    delta = tokenizer.decode(history.add_user("Turn 2"), skip_special_tokens=False)
+    assert delta.startswith("<|im_end|>")
+
+
+def test_a_template_that_rewrites_old_turns_is_refused_with_advice(tokenizer: Any) -> None:
+    class ForgetfulTemplate:
+        """Drops the content of all but the last assistant turn (as some reasoning templates do)."""
+
+        eos_token_id = tokenizer.eos_token_id
+
+        def apply_chat_template(self, messages: list[dict[str, str]], **kw: Any) -> str:
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+            trimmed = [
+                {**m, "content": "" if m["role"] == "assistant" and i != last else m["content"]}
+                for i, m in enumerate(messages)
+            ]
+            return tokenizer.apply_chat_template(trimmed, **kw)
+
+        def encode(self, text: str, **kw: Any) -> list[int]:
+            return tokenizer.encode(text, **kw)
+
+        def decode(self, ids: list[int], **kw: Any) -> str:
+            return tokenizer.decode(ids, **kw)
+
+    history = TokenHistory(ForgetfulTemplate(), messages=[dict(SYSTEM)])
+    eos = tokenizer.eos_token_id
+    history.add_user("Turn 1")
+    history.add_reply(tokenizer.encode("<answer>Up</answer>", add_special_tokens=False) + [eos], {eos})
+    history.add_user("Turn 2")
+    history.add_reply(tokenizer.encode("<answer>Up</answer>", add_special_tokens=False) + [eos], {eos})
+    with pytest.raises(TemplateDriftError, match="layout 'step'"):
+        history.add_user("Turn 3")
+
+
+def test_prompt_config_rejects_unknown_placeholders() -> None:
+    with pytest.raises(ValueError, match="turn_template"):
+        PromptConfig(turn_template="{observation} {nonsense}")

@@ -1,0 +1,148 @@
+"""The transformers engine with the tiny model: log-prob convention, stopping, batching, weight loads, replicas."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from roll_lightning.rollout.engines import EngineClosed, EngineRouter, SamplingParams
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+
+
+def _prompt(tokenizer: Any, text: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _teacher_forced_logprobs(model_dir: Path, prompt: list[int], reply: list[int], temperature: float) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt + reply])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_logprobs_are_the_temperature_scaled_policy_of_the_sampled_tokens(
+    model_dir: Path, tokenizer: Any, temperature: float
+) -> None:
+    engine = TransformersEngine(model_dir, seed=3)
+    try:
+        prompt = _prompt(tokenizer, "#####\n#P_O#\n#####")
+        gen = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=temperature, top_k=50))
+    finally:
+        await engine.close()
+    assert 1 <= len(gen.token_ids) <= 12 and len(gen.logprobs) == len(gen.token_ids)
+    expected = _teacher_forced_logprobs(model_dir, prompt, gen.token_ids, temperature)
+    torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=1e-4)
+
+
+async def test_length_limit_and_stop_token(model_dir: Path, tokenizer: Any) -> None:
+    engine = TransformersEngine(model_dir)
+    prompt = _prompt(tokenizer, "hello")
+    try:
+        cut = await engine.generate(prompt, SamplingParams(max_new_tokens=3, temperature=0))
+        assert len(cut.token_ids) <= 3
+        # Make the greedy continuation's first token a stop token: the reply is that one token, finish "stop".
+        first = cut.token_ids[0]
+        stopped = await engine.generate(
+            prompt, SamplingParams(max_new_tokens=8, temperature=0, stop_token_ids=(first,))
+        )
+    finally:
+        await engine.close()
+    assert cut.finish_reason == ("stop" if cut.token_ids[-1] == tokenizer.eos_token_id else "length")
+    assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
+
+
+async def test_concurrent_requests_share_batches_and_match_solo_greedy(model_dir: Path, tokenizer: Any) -> None:
+    engine = TransformersEngine(model_dir)
+    prompts = [_prompt(tokenizer, f"board {i} " * (1 + i % 3)) for i in range(8)]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    try:
+        solo = [await engine.generate(p, greedy) for p in prompts]
+        batches_before = engine._batches
+        together = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
+        batches = engine._batches - batches_before
+    finally:
+        await engine.close()
+    assert batches < len(prompts)  # concurrent calls were batched
+    assert [g.token_ids for g in together] == [g.token_ids for g in solo]  # left padding changes nothing
+    assert engine.stats()["requests"] == 16
+
+
+async def test_load_weights_makes_the_engine_generate_with_the_new_model(
+    model_dir: Path, model_dir_seed1: Path, tokenizer: Any
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    prompt = _prompt(tokenizer, "#P_X_O#")
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    engine, reference = TransformersEngine(model_dir), TransformersEngine(model_dir_seed1)
+    try:
+        before = await engine.generate(prompt, greedy)
+        new_weights = AutoModelForCausalLM.from_pretrained(model_dir_seed1).state_dict()
+        await engine.load_weights(new_weights, version=7)
+        after = await engine.generate(prompt, greedy)
+        expected = await reference.generate(prompt, greedy)
+    finally:
+        await asyncio.gather(engine.close(), reference.close())
+    assert after.token_ids == expected.token_ids and after.policy_version == 7
+    assert before.token_ids != after.token_ids and before.policy_version == 0
+    torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(expected.logprobs))
+
+
+async def test_a_bad_state_dict_is_refused_and_the_engine_keeps_working(model_dir: Path, tokenizer: Any) -> None:
+    engine = TransformersEngine(model_dir)
+    try:
+        with pytest.raises(ValueError, match="missing"):
+            await engine.load_weights({"model.embed_tokens.weight": torch.zeros(1)}, version=1)
+    except RuntimeError:  # a shape mismatch is reported by torch before the key check
+        pass
+    try:
+        gen = await engine.generate(_prompt(tokenizer, "x"), SamplingParams(max_new_tokens=2, temperature=0))
+        assert gen.policy_version == 0 and gen.token_ids
+    finally:
+        await engine.close()
+    with pytest.raises(EngineClosed):
+        await engine.generate([1, 2], SamplingParams())
+
+
+async def test_a_failing_batch_fails_its_callers_and_the_engine_lives_on(model_dir: Path, tokenizer: Any) -> None:
+    engine = TransformersEngine(model_dir)
+    try:
+        with pytest.raises(ValueError, match="token ids"):
+            await engine.generate({"input_ids": [1, 2]}, SamplingParams())  # type: ignore[arg-type]
+        with pytest.raises(IndexError):
+            await engine.generate([10_000_000], SamplingParams(max_new_tokens=2))  # id beyond the vocabulary
+        gen = await engine.generate(_prompt(tokenizer, "x"), SamplingParams(max_new_tokens=2, temperature=0))
+    finally:
+        await engine.close()
+    assert gen.token_ids
+
+
+async def test_router_keeps_a_conversation_on_one_replica_and_balances_new_ones(
+    model_dir: Path, tokenizer: Any
+) -> None:
+    router = EngineRouter([TransformersEngine(model_dir), TransformersEngine(model_dir)])
+    greedy = SamplingParams(max_new_tokens=2, temperature=0)
+    prompt = _prompt(tokenizer, "go")
+    try:
+        for _turn in range(3):
+            await asyncio.gather(*(router.generate(prompt, greedy, key=f"episode-{i}") for i in range(6)))
+        routes = {f"episode-{i}": router.replica_for(f"episode-{i}") for i in range(6)}
+        per_replica = [r.stats()["requests"] for r in router.replicas]
+        router.release("episode-0")
+        await router.load_weights(router.replicas[0].model.state_dict(), version=2)
+    finally:
+        await router.close()
+    assert sorted(routes.values()).count(0) == 3 and sorted(routes.values()).count(1) == 3
+    assert per_replica == [9.0, 9.0]  # 3 episodes x 3 turns each, never moved
+    assert router.policy_version == 2

@@ -35,6 +35,7 @@ from roll_lightning.envs.session import EnvSession, new_request_id
 
 log = logging.getLogger("roll_lightning.envs")
 Transport = Literal["batch", "stream", "unary"]
+MIN_SPLIT = 16  # a burst is split over free in-flight slots only into parts of at least this many items
 
 
 @dataclass(eq=False)
@@ -45,6 +46,7 @@ class Endpoint:
     active: int = 0  # as last reported by the server, plus sessions placed since
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
+    mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
     ejected: bool = False
     failures: int = 0
     waiting: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -174,6 +176,7 @@ class EnvPool:
                 if not ep.creating:  # otherwise the server's count misses our in-flight placements
                     ep.active = info.active_sessions
                 ep.accepting = not info.draining
+                ep.mixed = "batch-mixed" in info.capabilities
             else:
                 ep.accepting = False
             if ep.ejected:
@@ -295,6 +298,8 @@ class EnvPool:
         # the flusher) and in `ep.waiting` (so an ejection fails it at once); a timer enforces the deadline.
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
+        if ep.mixed:  # resets join the steps' queue and travel in the same BatchStep
+            kind = "step"
         ep.queues[kind].append((request, fut, loop.time() + timeout))
         ep.wakeups[kind].set()
         ep.waiting.add(fut)
@@ -308,15 +313,22 @@ class EnvPool:
                 fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
 
     async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
-        inflight = asyncio.Semaphore(self.max_inflight_batches)
-        send = ep.client.batch_reset if kind == "reset" else ep.client.batch_step
+        inflight = _Slots(self.max_inflight_batches)
         queue, wakeup = ep.queues[kind], ep.wakeups[kind]
         while True:
             await wakeup.wait()
             await inflight.acquire()  # while earlier batches are out, new calls pile up and join the next one
             await asyncio.sleep(0)
-            batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
-            del queue[: self.max_batch]
+            # batch_mixed sends a steps-only batch as a plain BatchStep, and resends resets an older server ignored.
+            send = ep.client.batch_reset if kind == "reset" else ep.client.batch_mixed
+            take = min(len(queue), self.max_batch)
+            free = inflight.total - inflight.out + 1  # counting the slot just taken
+            if free > 1 and take >= 2 * MIN_SPLIT:
+                # A burst (every episode answered at once) is split over the free slots: the server works on one
+                # part while this process handles the answers to another, instead of the two taking turns.
+                take = -(-take // free)
+            batch = [item for item in queue[:take] if not item[1].done()]  # done = caller gave up
+            del queue[:take]
             if not queue:
                 wakeup.clear()
             if not batch:
@@ -330,7 +342,7 @@ class EnvPool:
 
     @staticmethod
     async def _send_batch(
-        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any
+        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: _Slots
     ) -> None:
         try:
             results = await send([req for req, _, _ in batch], timeout)
@@ -351,6 +363,22 @@ class EnvPool:
                 raise
         finally:
             inflight.release()
+
+
+class _Slots:
+    """One flusher's limit on batches in flight, with a count of those out (to split bursts over free slots)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.out = total, 0
+        self._free = asyncio.Semaphore(total)
+
+    async def acquire(self) -> None:
+        await self._free.acquire()
+        self.out += 1
+
+    def release(self) -> None:
+        self.out -= 1
+        self._free.release()
 
 
 def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: float) -> None:

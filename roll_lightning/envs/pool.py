@@ -300,10 +300,11 @@ class EnvPool:
         fut: asyncio.Future[Any] = loop.create_future()
         if ep.mixed:  # resets join the steps' queue and travel in the same BatchStep
             kind = "step"
-        ep.queues[kind].append((request, fut, loop.time() + timeout))
+        deadline = loop.time() + timeout
+        ep.queues[kind].append((request, fut, deadline))
         ep.wakeups[kind].set()
         ep.waiting.add(fut)
-        timer = loop.call_later(timeout, _expire, fut, ep.address, request.session_id, timeout)
+        timer = loop.call_at(deadline, _expire, fut, ep.address, request.session_id, timeout)
         try:
             return await fut
         finally:

@@ -35,7 +35,6 @@ from roll_lightning.envs.session import EnvSession, new_request_id
 
 log = logging.getLogger("roll_lightning.envs")
 Transport = Literal["batch", "stream", "unary"]
-MIN_SPLIT = 16  # a burst is split over free in-flight slots only into parts of at least this many items
 
 
 @dataclass(eq=False)
@@ -314,7 +313,7 @@ class EnvPool:
                 fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
 
     async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
-        inflight = _Slots(self.max_inflight_batches)
+        inflight = asyncio.Semaphore(self.max_inflight_batches)
         queue, wakeup = ep.queues[kind], ep.wakeups[kind]
         while True:
             await wakeup.wait()
@@ -322,14 +321,8 @@ class EnvPool:
             await asyncio.sleep(0)
             # batch_mixed sends a steps-only batch as a plain BatchStep, and resends resets an older server ignored.
             send = ep.client.batch_reset if kind == "reset" else ep.client.batch_mixed
-            take = min(len(queue), self.max_batch)
-            free = inflight.total - inflight.out + 1  # counting the slot just taken
-            if free > 1 and take >= 2 * MIN_SPLIT:
-                # A burst (every episode answered at once) is split over the free slots: the server works on one
-                # part while this process handles the answers to another, instead of the two taking turns.
-                take = -(-take // free)
-            batch = [item for item in queue[:take] if not item[1].done()]  # done = caller gave up
-            del queue[:take]
+            batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
+            del queue[: self.max_batch]
             if not queue:
                 wakeup.clear()
             if not batch:
@@ -343,7 +336,7 @@ class EnvPool:
 
     @staticmethod
     async def _send_batch(
-        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: _Slots
+        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any
     ) -> None:
         try:
             results = await send([req for req, _, _ in batch], timeout)
@@ -364,22 +357,6 @@ class EnvPool:
                 raise
         finally:
             inflight.release()
-
-
-class _Slots:
-    """One flusher's limit on batches in flight, with a count of those out (to split bursts over free slots)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.out = total, 0
-        self._free = asyncio.Semaphore(total)
-
-    async def acquire(self) -> None:
-        await self._free.acquire()
-        self.out += 1
-
-    def release(self) -> None:
-        self.out -= 1
-        self._free.release()
 
 
 def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: float) -> None:

@@ -95,7 +95,9 @@ async def test_concurrent_steps_are_batched(server):
 
 
 async def test_resets_travel_inside_batch_step(server):
-    async with EnvPool([server.address]) as pool:
+    async with EnvPool([server.address]) as plain:
+        assert not plain.endpoints[0].mixed, "opt-in"
+    async with EnvPool([server.address], mixed_batches=True) as pool:
         assert pool.endpoints[0].mixed, "the Python server advertises batch-mixed"
         sessions = [await pool.open("frozenlake", {"max_steps": 1}) for _ in range(8)]
         firsts = await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
@@ -123,7 +125,7 @@ async def test_resets_a_server_ignored_in_batch_step_are_resent(monkeypatch):
     monkeypatch.setattr(EnvService, "BatchStep", old_batch_step)
     server = start_server()
     try:
-        async with EnvPool([server.address]) as pool:
+        async with EnvPool([server.address], mixed_batches=True) as pool:
             assert pool.endpoints[0].mixed
             sessions = [await pool.open("frozenlake", {"max_steps": 1}) for _ in range(4)]
             await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))

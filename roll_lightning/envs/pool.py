@@ -82,6 +82,7 @@ class EnvPool:
         start_timeout_s: float = 30.0,
         max_batch: int = 256,
         max_inflight_batches: int = 2,
+        mixed_batches: bool = False,
     ) -> None:
         """
         Args:
@@ -91,6 +92,9 @@ class EnvPool:
             call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
             eject_after: failed health checks in a row before an endpoint is ejected.
             start_timeout_s: how long `start` waits for a first endpoint to be SERVING (servers may still be loading).
+            mixed_batches: send resets inside BatchStep to servers that support it ("batch-mixed"): one RPC per turn
+                and less CPU per step, which helps lockstep collectors; free-running episodes lose the overlap that
+                separate step and reset RPCs give (docs/benchmarks.md §1), hence off by default.
         """
         if isinstance(endpoints, str) and endpoints != "local":
             endpoints = [endpoints]
@@ -112,6 +116,7 @@ class EnvPool:
         self.health_interval_s, self.health_timeout_s = health_interval_s, health_timeout_s
         self.eject_after, self.start_timeout_s = eject_after, start_timeout_s
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
+        self.mixed_batches = mixed_batches
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -175,7 +180,7 @@ class EnvPool:
                 if not ep.creating:  # otherwise the server's count misses our in-flight placements
                     ep.active = info.active_sessions
                 ep.accepting = not info.draining
-                ep.mixed = "batch-mixed" in info.capabilities
+                ep.mixed = self.mixed_batches and "batch-mixed" in info.capabilities
             else:
                 ep.accepting = False
             if ep.ejected:

@@ -174,7 +174,9 @@ def cpu_seconds(proc: psutil.Process | None) -> float:
     return t.user + t.system
 
 
-async def open_variants(env_id: str, addresses: dict[str, str], pools: list[EnvPool]) -> dict[str, Any]:
+async def open_variants(
+    env_id: str, addresses: dict[str, str], pools: list[EnvPool], transports: tuple[str, ...]
+) -> dict[str, Any]:
     """name -> (duration -> awaitable run result) for one env; gRPC sessions are opened and reset here."""
     config, moves = ENVS[env_id]
     entry, pick = get_env(env_id), action_picker(moves, 0)
@@ -186,7 +188,7 @@ async def open_variants(env_id: str, addresses: dict[str, str], pools: list[EnvP
     # In-process runs off the loop so the pools' health checks keep being answered meanwhile.
     variants = {"in-process": functools.partial(loop.run_in_executor, None, run_inprocess, envs, pick, seeds)}
     for where, address in addresses.items():
-        for transport in ("unary", "batch", "stream"):
+        for transport in transports:
             pool = EnvPool([address], transport=transport, health_interval_s=30.0)  # type: ignore[arg-type]
             await pool.start()
             pools.append(pool)
@@ -199,12 +201,19 @@ async def open_variants(env_id: str, addresses: dict[str, str], pools: list[EnvP
     return variants
 
 
-async def bench_throughput(duration: float, repeats: int, server_pid: int, addresses: dict[str, str]) -> dict[str, Any]:
+async def bench_throughput(
+    duration: float,
+    repeats: int,
+    server_pid: int,
+    addresses: dict[str, str],
+    env_ids: tuple[str, ...] = tuple(ENVS),
+    transports: tuple[str, ...] = ("unary", "batch", "stream"),
+) -> dict[str, Any]:
     me, server = psutil.Process(), psutil.Process(server_pid)
     results: dict[str, Any] = {}
     pools: list[EnvPool] = []
-    for env_id in ENVS:
-        variants = await open_variants(env_id, addresses, pools)
+    for env_id in env_ids:
+        variants = await open_variants(env_id, addresses, pools, transports)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
         for run in variants.values():  # warm-up: first-call costs (channels, caches) out of the numbers
             await run(min(0.3, duration))
@@ -668,8 +677,11 @@ def report(res: dict[str, Any]) -> None:
                      rpt)  # fmt: skip
             print(f"{name:<16}" + "".join(f"{c:>11}" for c in cells))
     for name in ("batch/process", "batch-free/process"):
-        fl = res["throughput"]["frozenlake"][name]["ratio_to_in_process"]
-        print(f"target FrozenLake {name} >= 50% of in-process: {fl:.1%} -> {verdict(fl >= 0.5)}")
+        fl = res["throughput"].get("frozenlake", {}).get(name, {}).get("ratio_to_in_process")
+        if fl is not None:
+            print(f"target FrozenLake {name} >= 50% of in-process: {fl:.1%} -> {verdict(fl >= 0.5)}")
+    if "generation" not in res:  # --only throughput
+        return
     g = res["generation"]
     print(f"\n## Sokoban generation (ours: {res['gen_seeds']} seeds; GEM: {g['gem_source']})")
     head = ("size", "median ms", "p90 ms", "max ms", "GEM med", "GEM p90", "GEM max", "GEM n", "speedup")
@@ -735,22 +747,43 @@ def report_webshop(ws: dict[str, Any], repeats: int, duration: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short smoke run (about 1 minute)")
+    parser.add_argument(
+        "--only-throughput", action="store_true", help="section 1 only (env steps/s); skip generation, memory, WebShop"
+    )
+    parser.add_argument("--envs", default=",".join(ENVS), help="section 1: comma-separated env ids (default: all)")
+    parser.add_argument(
+        "--transports", default="unary,batch,stream", help="section 1: comma-separated gRPC transports (default: all)"
+    )
+    parser.add_argument("--no-thread", action="store_true", help="section 1: skip the server-on-a-thread variants")
+    parser.add_argument("--repeats", type=int, help="override the number of interleaved repeats")
     args = parser.parse_args()
     duration, repeats = (0.4, 3) if args.quick else (2.0, 5)
+    repeats = args.repeats or repeats
     gen_seeds, gem_budget = (10, 0.0) if args.quick else (40, 40.0)  # quick: GEM's recorded numbers only
     mem_n = 1000 if args.quick else 10_000
     ws_queries = 500 if args.quick else 2000
     res: dict[str, Any] = {"machine": machine(), "duration_s": duration, "repeats": repeats, "gen_seeds": gen_seeds}
     t0 = time.perf_counter()
     proc_server = launch_local_server(["frozenlake", "sokoban"], extra_args=["--log-level", "WARNING"])
-    thread_server = EnvServer.run_in_thread(ServerConfig(env_ids=("frozenlake", "sokoban"), port=0))
+    thread_server = (
+        None if args.no_thread else EnvServer.run_in_thread(ServerConfig(env_ids=("frozenlake", "sokoban"), port=0))
+    )
     try:
-        addresses = {"process": proc_server.address, "thread": thread_server.address}
-        res["throughput"] = asyncio.run(bench_throughput(duration, repeats, proc_server.process.pid, addresses))
+        addresses = {"process": proc_server.address}
+        if thread_server is not None:
+            addresses["thread"] = thread_server.address
+        env_ids, transports = tuple(args.envs.split(",")), tuple(args.transports.split(","))
+        res["throughput"] = asyncio.run(
+            bench_throughput(duration, repeats, proc_server.process.pid, addresses, env_ids, transports)
+        )
     finally:
-        thread_server.stop()
+        if thread_server is not None:
+            thread_server.stop()
         proc_server.stop()
     res["seconds"] = {"throughput": time.perf_counter() - t0}
+    if args.only_throughput:
+        finish(res, args.quick)
+        return
     res["generation"] = bench_generation(gen_seeds, gem_budget)
     res["seconds"]["generation"] = time.perf_counter() - t0 - sum(res["seconds"].values())
     res["memory"] = asyncio.run(bench_memory(mem_n))
@@ -759,12 +792,17 @@ def main() -> None:
     res["webshop"]["throughput"] = asyncio.run(bench_ws_throughput(duration, repeats))
     res["webshop"]["memory"] = asyncio.run(bench_ws_memory(mem_n))
     res["seconds"]["webshop"] = time.perf_counter() - t0 - sum(res["seconds"].values())
+    finish(res, args.quick)
+
+
+def finish(res: dict[str, Any], quick: bool) -> None:
+    """Print the tables and write the JSON."""
     res["machine"]["loadavg_at_end"] = os.getloadavg()
     report(res)
     m0 = res["machine"]
     out_dir = ROOT / "results"
     out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"env_throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}{'-quick' if args.quick else ''}.json"
+    path = out_dir / f"env_throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}{'-quick' if quick else ''}.json"
     path.write_text(json.dumps(res, indent=2, default=str))
     print(
         f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}; "

@@ -11,6 +11,7 @@ import grpc
 import pytest
 from conftest import start_server
 
+from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.envs.local import launch_local_server
 
@@ -91,6 +92,48 @@ async def test_concurrent_steps_are_batched(server):
         batches = pool.stats["batches"] - before["batches"]
         items = pool.stats["batched_items"] - before["batched_items"]
         assert items == 5 * 32 and batches <= 5 * 4, f"{items} steps took {batches} BatchStep calls"
+
+
+async def test_resets_travel_inside_batch_step(server):
+    async with EnvPool([server.address]) as plain:
+        assert not plain.endpoints[0].mixed, "opt-in"
+    async with EnvPool([server.address], mixed_batches=True) as pool:
+        assert pool.endpoints[0].mixed, "the Python server advertises batch-mixed"
+        sessions = [await pool.open("frozenlake", {"max_steps": 1}) for _ in range(8)]
+        firsts = await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
+        stepping, resetting = sessions[:4], sessions[4:]
+        for _ in range(4):  # half the sessions step (and end their episode) while the other half reset
+            before = pool.stats["batches"]
+            outs = await asyncio.gather(
+                *(s.step("bad") for s in stepping), *(s.reset(seed=sessions.index(s)) for s in resetting)
+            )
+            assert pool.stats["batches"] - before == 1, "steps and resets shared one BatchStep"
+            assert all(o.done for o in outs[:4])
+            assert [o.observation for o in outs[4:]] == [firsts[sessions.index(s)].observation for s in resetting]
+            stepping, resetting = resetting, stepping
+
+
+async def test_resets_a_server_ignored_in_batch_step_are_resent(monkeypatch):
+    """A server that claims batch-mixed but answers no `resets` (an older one behind the same address): the client
+    notices the short answer and sends those resets as a BatchReset."""
+    from env_servers.server.service import EnvService
+
+    async def old_batch_step(self, request, context):
+        (items,) = await self._run_batch({"step": request.items}, context)
+        return pb.BatchStepResponse(items=items)
+
+    monkeypatch.setattr(EnvService, "BatchStep", old_batch_step)
+    server = start_server()
+    try:
+        async with EnvPool([server.address], mixed_batches=True) as pool:
+            assert pool.endpoints[0].mixed
+            sessions = [await pool.open("frozenlake", {"max_steps": 1}) for _ in range(4)]
+            await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
+            for _ in range(3):
+                await asyncio.gather(*(s.step("bad") for s in sessions[:2]), *(s.reset(seed=9) for s in sessions[2:]))
+                await asyncio.gather(*(s.reset(seed=9) for s in sessions[:2]))
+    finally:
+        server.stop()
 
 
 async def test_same_seed_same_start_in_two_server_processes():

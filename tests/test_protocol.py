@@ -263,6 +263,32 @@ def test_batch_items_past_the_deadline_do_not_run(stub):
     assert SlowEnv.executed_steps - before == 4, "the retry ran only the skipped items"
 
 
+def test_batch_step_carries_resets_with_per_item_status_and_replay(server, stub):
+    info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+    assert "batch-mixed" in info.capabilities
+    playing, fresh = create(stub, request_id="c1"), create(stub, request_id="c2")
+    episode = reset(stub, playing).episode_id
+    batch = pb.BatchStepRequest(
+        items=[
+            pb.StepRequest(
+                session_id=playing, episode_id=episode, step_index=0, action=pb.Action(text="bad"), request_id="s0"
+            )
+        ],
+        resets=[
+            pb.ResetRequest(session_id=fresh, seed=5, request_id="r1"),
+            pb.ResetRequest(session_id="nope", seed=5, request_id="r1"),
+        ],
+    )
+    reply = stub.BatchStep(batch, timeout=10)
+    assert [i.status.code for i in reply.items] == [0] and not reply.items[0].action_valid
+    assert [r.status.code for r in reply.resets] == [0, grpc.StatusCode.NOT_FOUND.value[0]]
+    assert reply.resets[0].session_id == fresh and reply.resets[0].seed == 5 and reply.resets[0].observation
+    again = stub.BatchStep(batch, timeout=10)  # a retry replays both kinds, it does not re-run them
+    assert again.items[0].observation == reply.items[0].observation
+    assert again.resets[0].episode_id == reply.resets[0].episode_id
+    assert step(stub, playing, episode, 1).status.code == 0, "the replay did not advance the episode"
+
+
 def test_stream_path_multiplexes_sessions(stub):
     sids = [create(stub, request_id=f"c{i}") for i in range(3)]
 

@@ -164,8 +164,7 @@ class Session:
             reward = float(reward)
             if not math.isfinite(reward):
                 raise ValueError(f"non-finite reward {reward}")
-            info = dict(info or {})
-            metrics = info.pop("metrics", None) or {}
+            info = info or {}
             result = pb.StepResult(
                 session_id=self.session_id,
                 episode_id=self.episode_id,
@@ -174,13 +173,17 @@ class Session:
                 reward=reward,
                 terminated=bool(terminated),
                 truncated=bool(truncated),
-                action_valid=bool(info.pop("action_valid", True)),
+                action_valid=bool(info.get("action_valid", True)),
                 env_seconds=time.perf_counter() - start,
             )
+            metrics = info.get("metrics")
             if metrics:
-                result.metrics.update({str(k): float(v) for k, v in metrics.items()})
-            if info:
-                result.info.update(_jsonable(info))
+                target = result.metrics  # item by item: the map's update() is a slow generic Python loop
+                for name, value in metrics.items():
+                    target[str(name)] = float(value)
+            # The env's dict is read, never modified; only keys other than the two lifted out go to `info`.
+            if len(info) > ("metrics" in info) + ("action_valid" in info):
+                result.info.update(_jsonable({k: v for k, v in info.items() if k not in _LIFTED}))
         except Exception as exc:
             self.done = "aborted"
             raise ProtocolError(
@@ -190,6 +193,9 @@ class Session:
         self.done = "terminated" if result.terminated else "truncated" if result.truncated else ""
         self.last_step = (req.request_id, req.step_index, result)
         return result
+
+
+_LIFTED = frozenset(("metrics", "action_valid"))  # info keys that travel as StepResult fields, not in `info`
 
 
 def _check_obs(obs: Any) -> str:

@@ -144,6 +144,24 @@ class EnvClient:
         reply = await self._retrying(lambda t: self.stub.BatchStep(request, timeout=t, metadata=self.metadata), timeout)
         return list(reply.items)
 
+    async def batch_mixed(
+        self, items: Sequence[pb.StepRequest | pb.ResetRequest], timeout: float
+    ) -> list[pb.StepResult | pb.ResetResult]:
+        """Steps and resets in one BatchStep call (servers with the "batch-mixed" capability); results in the order
+        of ``items``. Resets an older server ignored (it answers none) are sent again as a BatchReset."""
+        resets = [r for r in items if type(r) is pb.ResetRequest]
+        if not resets:
+            return await self.batch_step(items, timeout)  # type: ignore[arg-type]
+        deadline = time.monotonic() + timeout
+        steps = [r for r in items if type(r) is pb.StepRequest]
+        request = pb.BatchStepRequest(items=steps, resets=resets)
+        reply = await self._retrying(lambda t: self.stub.BatchStep(request, timeout=t, metadata=self.metadata), timeout)
+        reset_results: Sequence[pb.ResetResult] = reply.resets
+        if len(reset_results) != len(resets):
+            reset_results = await self.batch_reset(resets, max(0.001, deadline - time.monotonic()))
+        step_iter, reset_iter = iter(reply.items), iter(reset_results)
+        return [next(step_iter) if type(r) is pb.StepRequest else next(reset_iter) for r in items]
+
     async def stream_call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
         """Send one Reset/Step over this endpoint's shared bidi stream; returns the item result."""
 

@@ -45,6 +45,7 @@ class Endpoint:
     active: int = 0  # as last reported by the server, plus sessions placed since
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
+    mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
     ejected: bool = False
     failures: int = 0
     waiting: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -81,6 +82,7 @@ class EnvPool:
         start_timeout_s: float = 30.0,
         max_batch: int = 256,
         max_inflight_batches: int = 2,
+        mixed_batches: bool = False,
     ) -> None:
         """
         Args:
@@ -90,6 +92,9 @@ class EnvPool:
             call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
             eject_after: failed health checks in a row before an endpoint is ejected.
             start_timeout_s: how long `start` waits for a first endpoint to be SERVING (servers may still be loading).
+            mixed_batches: send resets inside BatchStep to servers that support it ("batch-mixed"): one RPC per turn
+                and less CPU per step, which helps lockstep collectors; free-running episodes lose the overlap that
+                separate step and reset RPCs give (docs/benchmarks.md §1), hence off by default.
         """
         if isinstance(endpoints, str) and endpoints != "local":
             endpoints = [endpoints]
@@ -111,6 +116,7 @@ class EnvPool:
         self.health_interval_s, self.health_timeout_s = health_interval_s, health_timeout_s
         self.eject_after, self.start_timeout_s = eject_after, start_timeout_s
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
+        self.mixed_batches = mixed_batches
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -174,6 +180,7 @@ class EnvPool:
                 if not ep.creating:  # otherwise the server's count misses our in-flight placements
                     ep.active = info.active_sessions
                 ep.accepting = not info.draining
+                ep.mixed = self.mixed_batches and "batch-mixed" in info.capabilities
             else:
                 ep.accepting = False
             if ep.ejected:
@@ -295,10 +302,13 @@ class EnvPool:
         # the flusher) and in `ep.waiting` (so an ejection fails it at once); a timer enforces the deadline.
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        ep.queues[kind].append((request, fut, loop.time() + timeout))
+        if ep.mixed:  # resets join the steps' queue and travel in the same BatchStep
+            kind = "step"
+        deadline = loop.time() + timeout
+        ep.queues[kind].append((request, fut, deadline))
         ep.wakeups[kind].set()
         ep.waiting.add(fut)
-        timer = loop.call_later(timeout, _expire, fut, ep.address, request.session_id, timeout)
+        timer = loop.call_at(deadline, _expire, fut, ep.address, request.session_id, timeout)
         try:
             return await fut
         finally:
@@ -309,12 +319,13 @@ class EnvPool:
 
     async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
         inflight = asyncio.Semaphore(self.max_inflight_batches)
-        send = ep.client.batch_reset if kind == "reset" else ep.client.batch_step
         queue, wakeup = ep.queues[kind], ep.wakeups[kind]
         while True:
             await wakeup.wait()
             await inflight.acquire()  # while earlier batches are out, new calls pile up and join the next one
             await asyncio.sleep(0)
+            # batch_mixed sends a steps-only batch as a plain BatchStep, and resends resets an older server ignored.
+            send = ep.client.batch_reset if kind == "reset" else ep.client.batch_mixed
             batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
             del queue[: self.max_batch]
             if not queue:

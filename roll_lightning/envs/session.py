@@ -100,9 +100,9 @@ class EnvSession:
             session_id=self.session_id,
             episode_id=self.episode_id,
             step_index=self.step_index,
-            action=pb.Action(text=action),
             request_id=next(self._request_ids),
         )
+        request.action.text = action  # cheaper than building an Action message and copying it in
         result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
         self.step_index += 1
         return StepOutcome(

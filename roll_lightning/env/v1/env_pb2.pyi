@@ -216,16 +216,20 @@ class BatchResetResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[ResetResult, _Mapping]]] = ...) -> None: ...
 
 class BatchStepRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "resets")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[StepRequest]
-    def __init__(self, items: _Optional[_Iterable[_Union[StepRequest, _Mapping]]] = ...) -> None: ...
+    resets: _containers.RepeatedCompositeFieldContainer[ResetRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[StepRequest, _Mapping]]] = ..., resets: _Optional[_Iterable[_Union[ResetRequest, _Mapping]]] = ...) -> None: ...
 
 class BatchStepResponse(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "resets")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[StepResult]
-    def __init__(self, items: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...
+    resets: _containers.RepeatedCompositeFieldContainer[ResetResult]
+    def __init__(self, items: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ..., resets: _Optional[_Iterable[_Union[ResetResult, _Mapping]]] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("tag", "reset", "step")

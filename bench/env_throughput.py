@@ -38,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -641,7 +641,7 @@ async def bench_ws_memory(n: int) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "bench/env_throughput.py", *sys.argv[1:]]),
         "cpu_count": os.cpu_count(),
         "cpu_model": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), ""),
@@ -802,7 +802,7 @@ def finish(res: dict[str, Any], quick: bool) -> None:
     m0 = res["machine"]
     out_dir = ROOT / "results"
     out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"env_throughput-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}{'-quick' if quick else ''}.json"
+    path = out_dir / f"env_throughput-{datetime.now(UTC):%Y%m%dT%H%M%SZ}{'-quick' if quick else ''}.json"
     path.write_text(json.dumps(res, indent=2, default=str))
     print(
         f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}; "

@@ -234,7 +234,8 @@ async def run_episode(
     while (request := builder.next_request()) is not None:
         prompt, params = request
         t0 = time.perf_counter()
-        generation = await asyncio.wait_for(engine.generate(prompt, params, key=episode.traj_key), turn_timeout_s)
+        async with asyncio.timeout(turn_timeout_s):
+            generation = await engine.generate(prompt, params, key=episode.traj_key)
         t1 = time.perf_counter()
         action = builder.record_reply(generation, t1 - t0)
         outcome = await session.step(action)

@@ -19,11 +19,12 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 
 from roll_lightning.envs import EnvPool, EnvSession, EpisodeFailed
 from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.config import RolloutConfig
+from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
 from roll_lightning.rollout.groups import Group, GroupQueue
@@ -32,6 +33,8 @@ from roll_lightning.rollout.metrics import batch_metrics
 log = logging.getLogger(__name__)
 
 RETRYABLE = (EpisodeFailed, TimeoutError)
+# Session creation refused for these reasons fails the same way everywhere: a config error, not a fault.
+REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 
 
 def group_seed(run_seed: int, group_index: int) -> int:
@@ -245,7 +248,7 @@ class RolloutScheduler:
                         self.counters["redundant_cancelled"] += 1
         except asyncio.CancelledError:
             pass
-        except (ContextBudgetError, EngineClosed) as err:
+        except (ContextBudgetError, EngineClosed, RolloutConfigError) as err:
             self.queue.fail(err)
         except Exception as err:  # a bug must stop the run loudly, not leave get_batch waiting
             log.exception("episode task crashed")
@@ -259,16 +262,20 @@ class RolloutScheduler:
         attempts = 0
         while True:
             attempts += 1
-            session = await self._session()
             episode = Episode(group.index, member, group.seed, self.config.env_id, layout=self.config.episode.layout)
             episode.attempts = attempts
-            builder = EpisodeBuilder(self.tokenizer, self.config.episode, session.spec, episode, self.stop_ids)
+            session: EnvSession | None = None
             try:
-                result = await asyncio.wait_for(
-                    run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s),
-                    self.config.episode_timeout_s,
-                )
+                session = await self._session()
+                builder = EpisodeBuilder(self.tokenizer, self.config.episode, session.spec, episode, self.stop_ids)
+                async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
+                    result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
             except RETRYABLE as err:
+                if session is None and isinstance(err, EpisodeFailed) and err.code in REFUSED_CONFIG:
+                    raise RolloutConfigError(
+                        f"the env servers refused rollout.env_id={self.config.env_id!r} with rollout.env_config="
+                        f"{self.config.env_config}: {err.detail}"
+                    ) from err
                 self._discard(session)
                 self._last_failure = err
                 if group.finished:
@@ -314,7 +321,9 @@ class RolloutScheduler:
             return self._idle_sessions.pop()
         return await self.pool.open(self.config.env_id, self.config.env_config, tag=f"rank{self.rank}")
 
-    def _discard(self, session: EnvSession) -> None:
+    def _discard(self, session: EnvSession | None) -> None:
+        if session is None:
+            return
         task = asyncio.create_task(session.close())
         self._background.add(task)
         task.add_done_callback(self._background.discard)

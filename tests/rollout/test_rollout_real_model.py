@@ -1,0 +1,66 @@
+"""The whole rollout with the real tiny model and real env servers: rows the trainer can trust."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from roll_lightning.envs import EnvPool
+from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
+from roll_lightning.rollout.engines import SamplingParams
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+
+
+def _recomputed_logprobs(model_dir: Path, batch: Any, temperature: float) -> torch.Tensor:
+    """What the trainer computes: log softmax(logits / T) of each token, from one forward pass over each row."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits
+    logp = torch.log_softmax(logits[:, :-1] / temperature, -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))  # token-aligned, like behaviour_logprobs
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+async def test_rows_carry_the_engine_tokens_and_log_probs_the_trainer_recomputes(
+    pool: EnvPool, model_dir: Path, tokenizer: Any, layout: str
+) -> None:
+    temperature = 0.8
+    episode = EpisodeSettings(
+        layout=layout,  # type: ignore[arg-type]
+        max_turns=3,
+        max_context_tokens=1024,
+        sampling=SamplingParams(max_new_tokens=12, temperature=temperature),
+    )
+    cfg = RolloutConfig(
+        env_id="sokoban", env_config={"dim_room": [6, 6], "num_boxes": 1}, group_size=2, batch_size=4, episode=episode
+    )
+    engine = TransformersEngine(model_dir, seed=1)
+    scheduler = RolloutScheduler(pool, engine, tokenizer, cfg)
+    try:
+        batch = await scheduler.get_batch()
+    finally:
+        await scheduler.close()
+        await engine.close()
+    mask = batch.response_mask
+    assert int(mask.sum()) == int(batch.metrics["rollout/response_tokens_mean"] * 4)
+    recomputed = _recomputed_logprobs(model_dir, batch, temperature)
+    gap = (recomputed - batch.behaviour_logprobs)[mask].abs()
+    assert gap.max() < 1e-3, f"trainer vs engine log-prob gap {gap.max():.2e}"
+    assert bool((batch.behaviour_logprobs[~mask] == 0).all())
+    text = tokenizer.decode(batch.input_ids[0][batch.attention_mask[0].bool()], skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\n") and "Sokoban" in text
+    assert batch.position_ids[0, : int(batch.attention_mask[0].sum())].tolist() == list(
+        range(int(batch.attention_mask[0].sum()))
+    )
+    if layout == "step":
+        assert len(batch) == 4 * 3 and set(batch.step.tolist()) == {0, 1, 2}
+        assert torch.equal(batch.step_scores, batch.scores.sum(-1))
+    else:
+        assert len(batch) == 4 and torch.allclose(batch.episode_scores, batch.scores.sum(-1))

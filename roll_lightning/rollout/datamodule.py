@@ -1,0 +1,222 @@
+"""`RolloutDataModule`: the rollout as a Lightning DataModule.
+
+Each rank owns an env pool, an engine and a `RolloutScheduler`, all living on one asyncio loop in a background
+thread; the training loop pulls batches through an infinite `IterableDataset` (``num_workers=0``: a forked
+DataLoader worker would not have the loop thread). Ranks play disjoint groups (rank r of W plays groups
+r, r+W, ...), so nothing needs a sampler. Callbacks reach the engine and the scheduler through `call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from roll_lightning.envs import EnvPool
+from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.config import RolloutConfig
+from roll_lightning.rollout.engines.base import GenerationEngine
+from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
+from roll_lightning.rollout.scheduler import RolloutScheduler
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvsConfig:
+    """Where the env servers are.
+
+    Args:
+        endpoints: ``local`` (this process starts ``local_servers`` servers for the rollout's env and stops them
+            at the end) or a list of ``host:port`` of servers started with ``python -m env_servers serve``.
+        local_servers: server processes per rank when ``endpoints`` is ``local``.
+        local_args: extra ``serve`` arguments for local servers (e.g. ``["--import", "my_envs"]``).
+        token: bearer token for remote servers; tls_root_cert: PEM file to verify them (enables TLS).
+        transport: ``batch`` (concurrent calls share one RPC), ``stream`` or ``unary``.
+        call_timeout_s / reset_timeout_s: deadline of a step / a reset.
+    """
+
+    endpoints: str | list[str] = "local"
+    local_servers: int = 1
+    local_args: list[str] = field(default_factory=list)
+    token: str | None = None
+    tls_root_cert: str | None = None
+    tls_server_name: str | None = None
+    transport: Literal["batch", "stream", "unary"] = "batch"
+    call_timeout_s: float = 30.0
+    reset_timeout_s: float = 120.0
+
+    def pool(self, env_id: str) -> EnvPool:
+        cert = Path(self.tls_root_cert).read_bytes() if self.tls_root_cert else None
+        return EnvPool(
+            self.endpoints,
+            local_envs=[env_id],
+            local_servers=self.local_servers,
+            local_args=self.local_args,
+            token=self.token,
+            tls_root_cert=cert,
+            tls_server_name=self.tls_server_name,
+            transport=self.transport,
+            call_timeout_s=self.call_timeout_s,
+            reset_timeout_s=self.reset_timeout_s,
+        )
+
+
+class RolloutDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        model: str,
+        rollout: RolloutConfig | None = None,
+        envs: EnvsConfig | None = None,
+        engine: EngineConfig | None = None,
+    ) -> None:
+        """
+        Args:
+            model: local model folder the engine generates with (and whose tokenizer renders prompts).
+            rollout: how episodes are collected (env, groups, batch size, staleness, layout, sampling, ...).
+            envs: where the env servers are.
+            engine: which generation engine, and its settings.
+        """
+        super().__init__()
+        self.model = model
+        self.rollout = rollout or RolloutConfig()
+        self.envs = envs or EnvsConfig()
+        self.engine_config = engine or EngineConfig()
+        self.engine: GenerationEngine | None = None
+        self.scheduler: RolloutScheduler | None = None
+        self.tokenizer: Any = None
+        self._pool: EnvPool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        if self.scheduler is not None:
+            return
+        from transformers import AutoTokenizer
+
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollout-loop-rank{rank}", daemon=True)
+        self._thread.start()
+        try:
+            self.call(self._start(rank, world))
+        except BaseException:
+            self.teardown(stage)
+            raise
+
+    async def _start(self, rank: int, world: int) -> None:
+        self._pool = self.envs.pool(self.rollout.env_id)
+        await self._pool.start()
+        # Engines load models: off the loop, so env health checks keep running meanwhile.
+        self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model)
+        self.scheduler = RolloutScheduler(
+            self._pool, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world
+        )
+        if self._pending_state is not None:
+            self.scheduler.load_state_dict(self._pending_state)
+
+    def teardown(self, stage: str) -> None:
+        if self._loop is None:
+            return
+        try:
+            self.call(self._stop(), timeout=120)
+        except Exception:  # teardown must finish even after a failed run
+            log.exception("rollout teardown")
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._loop.close()
+        self._loop = self._thread = None
+        self.scheduler = self.engine = self._pool = None
+
+    async def _stop(self) -> None:
+        if self.scheduler is not None:
+            self._pending_state = self.scheduler.state_dict()  # a checkpoint saved after fit still has it
+            await self.scheduler.close()
+        if self.engine is not None:
+            await self.engine.close()
+        if self._pool is not None:
+            await self._pool.close()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the rollout loop from any other thread and wait for its result."""
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError("the rollout is not set up (call setup() first)")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- data ----------------------------------------------------------------------------------------
+
+    def next_batch(self) -> RolloutBatch:
+        """Block until the next batch of complete groups is ready (what the training loop pulls)."""
+        if self.scheduler is None:
+            raise RuntimeError("the rollout is not set up (call setup() first)")
+        return self.call(self.scheduler.get_batch())
+
+    def train_dataloader(self) -> DataLoader[RolloutBatch]:
+        return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch.to(device) if isinstance(batch, RolloutBatch) else batch
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's position in its group sequence (gathered: each rank plays its own groups)."""
+        if self.scheduler is not None:
+            state = self.scheduler.state_dict()
+        elif self._pending_state is not None:
+            state = self._pending_state
+        else:
+            return {}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, state)
+        else:
+            states = [state]
+        return {"ranks": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = state_dict.get("ranks", [])
+        if not states:
+            return
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        if len(states) != world:
+            raise ValueError(f"the checkpoint's rollout state is for {len(states)} ranks; this run has {world}")
+        self._pending_state = states[rank]
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(states[rank])
+
+    def _has_trainer(self) -> bool:
+        try:
+            return self.trainer is not None
+        except RuntimeError:
+            return False
+
+
+class _RolloutStream(IterableDataset[RolloutBatch]):
+    """An endless stream of rollout batches (the run's length is the trainer's ``max_steps``).
+
+    Lightning fetches one batch ahead unless ``training_step`` takes ``dataloader_iter``; an on-policy module
+    must take it, or the next batch is generated before this step's weights reach the engine.
+    """
+
+    def __init__(self, datamodule: RolloutDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        while True:
+            yield self.datamodule.next_batch()

@@ -1,0 +1,102 @@
+"""`RolloutDataModule` under a real Lightning Trainer: batches flow, checkpoints carry the rollout position."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from roll_lightning.rollout import EpisodeSettings, RolloutBatch, RolloutConfig
+from roll_lightning.rollout.datamodule import EnvsConfig, RolloutDataModule
+from roll_lightning.rollout.engines import SamplingParams
+from roll_lightning.rollout.engines.factory import EngineConfig
+
+
+def datamodule(model_dir: Path, **rollout: Any) -> RolloutDataModule:
+    episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
+    cfg = RolloutConfig(
+        env_id="frozenlake", group_size=2, batch_size=4, episode=episode, **{"max_staleness": 0, **rollout}
+    )
+    return RolloutDataModule(str(model_dir), rollout=cfg, envs=EnvsConfig(endpoints="local"), engine=EngineConfig())
+
+
+class RecordingModule(L.LightningModule):
+    """Stands in for the training module: records what it was fed, takes a trivial optimizer step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.groups: list[list[str]] = []
+
+    def training_step(self, dataloader_iter: Iterator[Any]) -> None:
+        # `dataloader_iter`, as an on-policy module must: Lightning then fetches no batch ahead of the step
+        batch, _, _ = next(dataloader_iter)
+        assert isinstance(batch, RolloutBatch)
+        self.groups.append(sorted(set(batch.traj_group_id)))
+        self.log("rollout/success_rate", batch.metrics["rollout/success_rate"], batch_size=len(batch))
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward((self.weight - 1).pow(2).sum())
+        opt.step()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer(tmp_path: Path, max_steps: int) -> L.Trainer:
+    return L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def test_standalone_setup_batches_and_teardown(model_dir: Path) -> None:
+    dm = datamodule(model_dir)
+    dm.setup("fit")
+    try:
+        first, second = dm.next_batch(), dm.next_batch()
+        state = dm.state_dict()
+    finally:
+        dm.teardown("fit")
+    assert len(first) == len(second) == 4
+    assert not set(first.traj_group_id) & set(second.traj_group_id)
+    assert state == {"ranks": [dm_state(next_local=4, batches=2)]}
+    with pytest.raises(RuntimeError, match="not set up"):
+        dm.next_batch()
+
+
+def dm_state(**kw: int) -> dict[str, Any]:
+    return {"next_local": 0, "watermark": kw["next_local"], "settled_above": [], "seed": 0, "world_size": 1, **kw}
+
+
+def test_fit_and_resume_from_a_checkpoint_continue_the_group_sequence(model_dir: Path, tmp_path: Path) -> None:
+    straight = RecordingModule()
+    trainer(tmp_path / "a", 3).fit(straight, datamodule=datamodule(model_dir))
+
+    first = RecordingModule()
+    t = trainer(tmp_path / "b", 1)
+    t.fit(first, datamodule=datamodule(model_dir))
+    ckpt = tmp_path / "b" / "step1.ckpt"
+    t.save_checkpoint(ckpt)
+    resumed = RecordingModule()
+    trainer(tmp_path / "b", 3).fit(resumed, datamodule=datamodule(model_dir), ckpt_path=ckpt)
+
+    assert len(straight.groups) == 3 and len(first.groups) == 1 and len(resumed.groups) == 2
+    assert first.groups + resumed.groups == straight.groups  # nothing repeated, nothing skipped
+
+
+def test_a_model_folder_that_does_not_exist_fails_before_any_work(tmp_path: Path) -> None:
+    dm = RolloutDataModule(str(tmp_path / "nope"))
+    with pytest.raises(OSError):
+        dm.setup("fit")
+    assert dm.scheduler is None

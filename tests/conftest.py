@@ -12,15 +12,9 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `support.*` importable here and in server subprocesses (via PYTHONPATH)
 
 import support.plugin_envs  # noqa: E402,F401  (registers crashy/slow)
+from support.servers import ALL_ENVS, start_server  # noqa: E402,F401  (re-exported for the tests)
 
-from env_servers.server import EnvServer, RunningServer, ServerConfig  # noqa: E402
-
-ALL_ENVS = ("sokoban", "frozenlake", "crashy", "slow")
-
-
-def start_server(**overrides: object) -> RunningServer:
-    config = ServerConfig(env_ids=overrides.pop("env_ids", ALL_ENVS), port=0, **overrides)  # type: ignore[arg-type]
-    return EnvServer.run_in_thread(config)
+from env_servers.server import RunningServer  # noqa: E402
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ configs = st.dictionaries(
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    from conftest import start_server
+    from support.servers import start_server
 
     running = start_server(env_ids=("sokoban", "frozenlake"), max_sessions=64, max_action_bytes=256)
     with grpc.insecure_channel(running.address) as channel:

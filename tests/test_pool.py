@@ -9,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from conftest import start_server
+from support.servers import start_server
 
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable

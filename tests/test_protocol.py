@@ -7,10 +7,10 @@ import time
 
 import grpc
 import pytest
-from conftest import start_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from support.plugin_envs import SlowEnv
+from support.servers import start_server
 
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc

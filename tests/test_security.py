@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import trustme
-from conftest import start_server
+from support.servers import start_server
 
 from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.envs.client import EnvClient

@@ -4,6 +4,10 @@ The engine-free parts (config, batch rows, scheduler) import torch but not trans
 imported from `roll_lightning.rollout.engines` when built.
 """
 
+from roll_lightning._compat import check_torch_companions
+
+check_torch_companions()  # before torch/transformers are imported: a clear message instead of a deep one
+
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError

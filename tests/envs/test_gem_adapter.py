@@ -8,7 +8,7 @@ import pytest
 
 gem = pytest.importorskip("gem", reason="the optional gem-llm extra is not installed (needs Python <= 3.12.0)")
 
-from conftest import start_server  # noqa: E402
+from support.servers import start_server  # noqa: E402
 
 from env_servers.api import ConfigError  # noqa: E402
 from env_servers.registry import get_env  # noqa: E402

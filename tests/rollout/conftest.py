@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.servers import start_server
 
-from env_servers.server import EnvServer, RunningServer, ServerConfig
+from env_servers.server import RunningServer
 from roll_lightning.envs import EnvPool
 from roll_lightning.models.tiny import tiny_model
 
@@ -32,8 +33,7 @@ def tokenizer(model_dir: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def env_server() -> Iterator[RunningServer]:
-    # `crashy` and `slow` come from tests/support/plugin_envs.py (imported by the root conftest).
-    running = EnvServer.run_in_thread(ServerConfig(env_ids=("sokoban", "frozenlake", "crashy", "slow"), port=0))
+    running = start_server()
     yield running
     running.stop()
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +97,23 @@ def test_fit_and_resume_from_a_checkpoint_continue_the_group_sequence(model_dir:
 
     assert len(straight.groups) == 3 and len(first.groups) == 1 and len(resumed.groups) == 2
     assert first.groups + resumed.groups == straight.groups  # nothing repeated, nothing skipped
+
+
+def test_two_ranks_play_disjoint_shards_of_the_group_sequence(model_dir: Path, tmp_path: Path) -> None:
+    script = Path(__file__).parent.parent / "support" / "two_rank_rollout.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(script.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(script), str(model_dir), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [len(r) for r in ranks] == [2, 2]  # one batch per step per rank
+    indices = [{int(g.split("/")[1][1:]) for batch in r for g in batch} for r in ranks]
+    assert indices == [{0, 2, 4, 6}, {1, 3, 5, 7}]
 
 
 def test_a_model_folder_that_does_not_exist_fails_before_any_work(tmp_path: Path) -> None:

@@ -20,28 +20,34 @@ def _prompt(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _teacher_forced_logprobs(model_dir: Path, prompt: list[int], reply: list[int], temperature: float) -> torch.Tensor:
+def _teacher_forced_logprobs(
+    model_dir: Path, prompt: list[int], reply: list[int], temperature: float, top_k: int = 0
+) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + reply])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply)[:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-async def test_logprobs_are_the_temperature_scaled_policy_of_the_sampled_tokens(
-    model_dir: Path, tokenizer: Any, temperature: float
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.7, 0), (0.7, 20)])
+async def test_logprobs_are_those_of_the_distribution_sampled_from(
+    model_dir: Path, tokenizer: Any, temperature: float, top_k: int
 ) -> None:
+    """Temperature-scaled; with top-k on, renormalised over the k kept tokens."""
     engine = TransformersEngine(model_dir, seed=3)
     try:
         prompt = _prompt(tokenizer, "#####\n#P_O#\n#####")
-        gen = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=temperature, top_k=50))
+        gen = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k))
     finally:
         await engine.close()
     assert 1 <= len(gen.token_ids) <= 12 and len(gen.logprobs) == len(gen.token_ids)
-    expected = _teacher_forced_logprobs(model_dir, prompt, gen.token_ids, temperature)
+    expected = _teacher_forced_logprobs(model_dir, prompt, gen.token_ids, temperature, top_k)
     torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=1e-4)
 
 

@@ -4,11 +4,13 @@ An engine turns a prompt (token ids) into a reply (token ids) and reports, for e
 the sampling policy gave it. Those log-probs are the *behaviour policy* of PPO: they must describe the
 distribution the token was actually drawn from, so the convention is fixed here for every engine:
 
-    logprob_t = log softmax(logits_t / temperature)[token_t]        (temperature 0 is read as 1)
+    logprob_t = log softmax(warp(logits_t))[token_t]
 
-i.e. temperature applied, top-k / top-p truncation *not* applied (the trainer recomputes the same quantity from
-its own forward pass and compares). Engines run their compute off the asyncio loop; `generate` is a coroutine
-so hundreds of episodes can wait on it concurrently, and the engine batches what is waiting.
+where ``warp`` divides by the temperature (0 is read as 1) and, when top-k / top-p are on, masks the tokens
+they exclude (the distribution is renormalised over what is left). With top-k and top-p off, the usual RL
+setting, that is exactly the trainer's ``log softmax(logits / temperature)``. Engines run their compute off the
+asyncio loop; `generate` is a coroutine so hundreds of episodes can wait on it concurrently, and the engine
+batches what is waiting.
 """
 
 from __future__ import annotations

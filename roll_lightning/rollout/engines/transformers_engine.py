@@ -132,12 +132,12 @@ class TransformersEngine(ThreadedEngine):
             eos_token_id=stops,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_scores=True,
         )
         new_tokens = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]: raw, before any warper
-        scale = 1.0 if greedy else params.temperature
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        # `scores` are the logits after the warpers (temperature, top-k/top-p masks): the sampled distribution
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, T, V]
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         results = []
         stop_set = set(stops)
         for row in range(len(batch)):

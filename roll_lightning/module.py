@@ -1,0 +1,311 @@
+"""`AgentRLModule`: the policy update of agentic RL as a LightningModule.
+
+One training step consumes one rollout batch (pulled through ``dataloader_iter``, so Lightning fetches nothing
+ahead of the weights that generated it) and does:
+
+1. no-grad passes: the old policy's log-probs (recomputed, or the engine's), the reference model's (KL), the
+   critic's values (PPO-GAE);
+2. advantages (`roll_lightning.algorithms.advantages`: GRPO, GiGPO or GAE);
+3. ``ppo_epochs`` x ``mini_batches`` optimiser steps; each mini-batch runs as micro-batches whose losses are
+   weighted by their share of the mini-batch's tokens (or rows), so the gradient does not depend on how rows
+   were split; the policy loss is PPO-clip or GSPO (`roll_lightning.algorithms.losses`).
+
+The same module runs single-process, under DDP, and under `ModelParallelStrategy` where `configure_model`
+shards actor, critic and reference with FSDP2 (`fully_shard`), on CPU (gloo) and GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+
+from roll_lightning.algorithms import advantages as adv
+from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
+from roll_lightning.algorithms import losses
+from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.training.config import AlgorithmConfig, OptimConfig
+from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
+from roll_lightning.training.sharding import shard_fsdp2
+
+
+class AgentRLModule(L.LightningModule):
+    def __init__(
+        self,
+        model: str,
+        algorithm: AlgorithmConfig | None = None,
+        optim: OptimConfig | None = None,
+        dtype: str = "float32",
+        rollout_steps: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            model: local folder of the policy (a transformers causal LM); the critic and reference start from it.
+            algorithm: advantages, loss, epochs, micro-batching, KL, entropy, ...
+            optim: AdamW and the learning-rate schedule (counted in rollout steps).
+            dtype: parameter dtype: ``float32`` (CPUs) or ``bfloat16`` (FSDP2 mixed precision on GPUs).
+            rollout_steps: stop after this many rollout batches (None: the trainer's max_steps decides; note
+                that Lightning counts optimiser steps, ppo_epochs x mini_batches per rollout batch).
+            seed: seeds the mini-batch shuffling.
+        """
+        super().__init__()
+        self.model_path = model
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.optim = optim or OptimConfig()
+        self.param_dtype = dtype
+        self.rollout_steps_limit = rollout_steps
+        self.seed = seed
+        self.automatic_optimization = False
+        self.actor: torch.nn.Module | None = None
+        self.critic: ValueModel | None = None
+        self.reference: torch.nn.Module | None = None
+        self.rollout_steps = 0
+
+    # -- models --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _load(path: Any, dtype: str = "float32") -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+
+    def configure_model(self) -> None:
+        if self.actor is not None:
+            return
+        from transformers import AutoModel
+
+        dtype = getattr(torch, self.param_dtype)
+        self.actor = self._load(self.model_path, self.param_dtype)
+        if self.algorithm.gradient_checkpointing:
+            self.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.algorithm.uses_critic:
+            backbone = AutoModel.from_pretrained(self.model_path, dtype=dtype)
+            self.critic = ValueModel(backbone, backbone.config.hidden_size)
+        if self.algorithm.kl_coef > 0:
+            self.reference = self._load(self.model_path, self.param_dtype).eval()
+            self.reference.requires_grad_(False)
+        if self.device_mesh is not None:  # only ModelParallelStrategy sets a mesh: FSDP2 over its dp dimension
+            mesh = self.device_mesh["data_parallel"]
+            for module in (self.actor, self.critic, self.reference):
+                if module is not None:
+                    shard_fsdp2(module, mesh, self.param_dtype)
+
+    def configure_optimizers(self) -> Any:
+        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": self.optim.lr}]
+        if self.critic is not None:
+            groups.append({"params": list(self.critic.parameters()), "lr": self.optim.critic_lr or 10 * self.optim.lr})
+        opt = torch.optim.AdamW(
+            groups, betas=self.optim.betas, eps=self.optim.eps, weight_decay=self.optim.weight_decay
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim.factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- the step ------------------------------------------------------------------------------------
+
+    def training_step(self, dataloader_iter: Iterator[Any]) -> None:
+        batch, _, _ = next(dataloader_iter)
+        batch = batch.to(self.device)
+        started = time.perf_counter()
+        metrics = self.update(batch)
+        metrics["timing/train_s"] = time.perf_counter() - started
+        metrics.update({k: v for k, v in batch.metrics.items()})
+        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
+        self.rollout_steps += 1
+        if self.rollout_steps_limit is not None and self.rollout_steps >= self.rollout_steps_limit:
+            self.trainer.should_stop = True
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """All optimiser steps for one rollout batch; returns ``train/`` metrics."""
+        algo = self.algorithm
+        out: dict[str, float] = {}
+        with torch.no_grad():
+            trainer_logp = self._no_grad_logprobs(self.actor, batch) if algo.recompute_old_logprobs else None
+            old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
+            if trainer_logp is not None:
+                mask = batch.response_mask
+                out["train/logprob_gap"] = _masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
+            ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
+            values = self._no_grad_values(batch) if self.critic is not None else None
+            advantages, returns = self._advantages(batch, values)
+        out["train/advantage_mean"] = float(_masked_mean(_tokens(advantages, batch), batch.response_mask))
+        sums: dict[str, float] = defaultdict(float)
+        steps = 0
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollout_steps)
+        opt = self.optimizers()
+        for _epoch in range(algo.ppo_epochs):
+            order = torch.randperm(len(batch), generator=generator)
+            for mini in order.chunk(min(algo.mini_batches, len(batch))):
+                step_metrics = self._optimizer_step(
+                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values
+                )
+                for k, v in step_metrics.items():
+                    sums[k] += v
+                steps += 1
+        self.lr_schedulers().step()
+        out.update({k: v / steps for k, v in sums.items()})
+        out["train/lr"] = opt.param_groups[0]["lr"]
+        return out
+
+    def _optimizer_step(
+        self,
+        opt: Any,
+        batch: RolloutBatch,
+        rows: list[int],
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        advantages: torch.Tensor,
+        returns: torch.Tensor | None,
+        old_values: torch.Tensor | None,
+    ) -> dict[str, float]:
+        algo = self.algorithm
+        mask = batch.response_mask
+        token_mean = algo.loss == "ppo" and algo.aggregation == "token-mean"
+        total = float(mask[rows].sum()) if token_mean else float(len(rows))
+        lengths = batch.attention_mask[rows].sum(-1).tolist()
+        plans = plan_micro_batches(
+            lengths, algo.micro_batching, max_tokens=algo.max_tokens_per_micro, micro_batch_size=algo.micro_batch_size
+        )
+        opt.zero_grad()
+        sums: dict[str, float] = defaultdict(float)
+        for plan in plans:
+            micro_rows = [rows[i] for i in plan]
+            part = trim(batch, micro_rows, pad_to_batch=algo.micro_batching == "fixed")
+            width = part.input_ids.shape[1]
+            share = (float(part.response_mask.sum()) if token_mean else float(len(micro_rows))) / max(total, 1.0)
+
+            picked = [_pick(x, micro_rows, width) for x in (old_logp, ref_logp, advantages, returns, old_values)]
+            loss, metrics = self._micro_loss(part, *picked)
+            self.manual_backward(loss * share)
+            for k, v in metrics.items():
+                sums[k] += float(v) * share
+        if algo.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.parameters(), algo.max_grad_norm)
+            sums["train/grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        opt.step()
+        return dict(sums)
+
+    def _micro_loss(
+        self,
+        part: RolloutBatch,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        advantages: torch.Tensor,
+        returns: torch.Tensor | None,
+        old_values: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        algo = self.algorithm
+        mask = part.response_mask
+        logp, entropy = policy_forward(self.actor, part, algo.temperature, with_entropy=algo.entropy_coef > 0)
+        low, high = algo.clip
+        if algo.loss == "gspo":
+            loss, m = losses.gspo_policy_loss(logp, old_logp, advantages, mask, clip_low=low, clip_high=high)
+        else:
+            loss, m = losses.ppo_policy_loss(
+                logp,
+                old_logp,
+                advantages,
+                mask,
+                clip_low=low,
+                clip_high=high,
+                dual_clip=algo.dual_clip,
+                agg=algo.aggregation,
+            )
+        metrics = {f"train/{k}": v for k, v in m.items()}
+        metrics["train/pg_loss"] = loss.detach()
+        if entropy is not None:
+            ent = losses.aggregate(entropy, mask, algo.aggregation)
+            loss = loss - algo.entropy_coef * ent
+            metrics["train/entropy"] = ent.detach()
+        if ref_logp is not None:
+            kl = losses.aggregate(losses.kl_penalty(logp, ref_logp, algo.kl_kind), mask, algo.aggregation)
+            loss = loss + algo.kl_coef * kl
+            metrics["train/kl"] = kl.detach()
+        if self.critic is not None and returns is not None and old_values is not None:
+            values = self.critic(part)
+            vloss, vm = losses.value_loss(values, old_values, returns, mask, clip=algo.value_clip)
+            loss = loss + algo.value_coef * vloss
+            metrics.update({f"train/{k}": v for k, v in vm.items()})
+            metrics["train/value_loss"] = vloss.detach()
+        metrics["train/loss"] = loss.detach()
+        return loss, metrics
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _no_grad_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        lengths = batch.attention_mask.sum(-1).tolist()
+        for plan in plan_micro_batches(
+            lengths, "token_budget", max_tokens=self.algorithm.max_tokens_per_micro, micro_batch_size=1
+        ):
+            part = trim(batch, plan, pad_to_batch=False)
+            logp, _ = policy_forward(model, part, self.algorithm.temperature)
+            out[plan, : logp.shape[1]] = logp
+        return out * batch.response_mask
+
+    def _no_grad_values(self, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        lengths = batch.attention_mask.sum(-1).tolist()
+        for plan in plan_micro_batches(
+            lengths, "token_budget", max_tokens=self.algorithm.max_tokens_per_micro, micro_batch_size=1
+        ):
+            part = trim(batch, plan, pad_to_batch=False)
+            values = self.critic(part)
+            out[plan, : values.shape[1]] = values
+        return out * batch.response_mask
+
+    def _advantages(self, batch: RolloutBatch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        algo = self.algorithm
+        device = batch.input_ids.device
+        groups = ids_to_index(batch.traj_group_id).to(device)
+        trajs = ids_to_index(batch.traj_id).to(device)
+        if algo.estimator == "grpo":
+            return adv.grpo_advantages(batch.episode_scores, groups, traj_ids=trajs, norm_by_std=algo.norm_by_std), None
+        if algo.estimator == "gigpo":
+            if batch.layout != "step":
+                raise ValueError(
+                    "model.algorithm.estimator=gigpo needs step rows: set data.rollout.episode.layout: step"
+                )
+            anchors = anchor_ids(batch.anchor).to(device)
+            return (
+                adv.gigpo_advantages(
+                    batch.episode_scores,
+                    batch.step_scores,
+                    groups,
+                    trajs,
+                    batch.step,
+                    anchors,
+                    gamma=algo.gigpo_gamma,
+                    step_weight=algo.step_weight,
+                    norm_by_std=algo.norm_by_std,
+                ),
+                None,
+            )
+        assert values is not None
+        return adv.gae_advantages(batch.scores, values, batch.response_mask, gamma=algo.gamma, lam=algo.lam)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rollout_steps"] = self.rollout_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.rollout_steps = checkpoint.get("rollout_steps", 0)
+
+
+def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor | None:
+    """``x``'s values for a micro-batch's rows, cut to its width."""
+    if x is None:
+        return None
+    x = x[rows]
+    return x[:, :width] if x.dim() == 2 else x
+
+
+def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    return x[:, None].expand_as(batch.behaviour_logprobs) if x.dim() == 1 else x
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)

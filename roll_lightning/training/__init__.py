@@ -1,0 +1,5 @@
+"""Training internals: typed configs, forward passes over rollout rows, micro-batching, FSDP2 sharding."""
+
+from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
+
+__all__ = ["AlgorithmConfig", "OptimConfig", "TrainingConfigError"]

@@ -1,0 +1,150 @@
+"""Typed training settings: the algorithm and the optimiser (their docstrings are the YAML's documentation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Estimator = Literal["grpo", "gigpo", "ppo-gae"]
+PolicyLoss = Literal["ppo", "gspo"]
+Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+class TrainingConfigError(ValueError):
+    """A training setting that cannot work; the message names the key."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """What is optimised.
+
+    Args:
+        estimator: advantages: ``grpo`` (episode return normalised within its group), ``gigpo`` (GRPO plus a
+            step-level term over identical states; needs ``rollout.episode.layout: step``), ``ppo-gae`` (a
+            critic and GAE).
+        loss: ``ppo`` (token-level clipped ratio) or ``gspo`` (sequence-level ratio, narrow clip).
+        clip_low / clip_high: ratio clip range (None = 0.2/0.2 for ppo, 3e-4/4e-4 for gspo).
+        dual_clip: ppo only: a lower bound ``c`` (> 1) on the loss of negative-advantage tokens.
+        aggregation: how token losses become one number (ppo): ``token-mean`` | ``seq-mean-token-sum`` |
+            ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``.
+        norm_by_std: grpo/gigpo: divide by the group's std (False = Dr.GRPO).
+        gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's per-step discount.
+        step_weight: gigpo: weight of the step-level term.
+        kl_coef: weight of a KL penalty to a frozen reference model in the loss (0 = no reference model).
+        kl_kind: ``k1`` | ``k2`` | ``k3`` (low-variance, the usual choice) | ``abs``.
+        entropy_coef: entropy bonus weight.
+        value_coef / value_clip: ppo-gae critic loss weight and clip range.
+        ppo_epochs: passes over each rollout batch.
+        mini_batches: optimiser steps per epoch (the rollout batch is split into this many parts).
+        micro_batching: ``token_budget`` (rows sorted by length, grouped under ``max_tokens_per_micro``, each
+            group padded only to its own longest row) or ``fixed`` (``micro_batch_size`` rows in order, padded
+            to the batch's longest row). Gradients are the same; the first wastes less compute on padding.
+        max_tokens_per_micro: token_budget: the most (rows x padded length) tokens in one forward pass.
+        micro_batch_size: fixed: rows per forward pass.
+        max_grad_norm: gradient clipping (0 = off).
+        recompute_old_logprobs: the PPO ratio's denominator from a trainer forward pass before the update
+            (True) or the engine's sampling log-probs (False). Their gap is logged as ``train/logprob_gap``.
+        temperature: the sampling temperature; the trainer divides logits by it so its log-probs describe the
+            distribution the engine sampled from.
+        gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% more compute).
+    """
+
+    estimator: Estimator = "grpo"
+    loss: PolicyLoss = "ppo"
+    clip_low: float | None = None
+    clip_high: float | None = None
+    dual_clip: float | None = None
+    aggregation: Aggregation = "token-mean"
+    norm_by_std: bool = True
+    gamma: float = 1.0
+    lam: float = 0.95
+    gigpo_gamma: float = 0.95
+    step_weight: float = 1.0
+    kl_coef: float = 0.0
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    value_clip: float = 0.2
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batching: Literal["token_budget", "fixed"] = "token_budget"
+    max_tokens_per_micro: int = 8192
+    micro_batch_size: int = 4
+    max_grad_norm: float = 1.0
+    recompute_old_logprobs: bool = True
+    temperature: float = 1.0
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        checks = {
+            "estimator": self.estimator in ("grpo", "gigpo", "ppo-gae"),
+            "loss": self.loss in ("ppo", "gspo"),
+            "aggregation": self.aggregation
+            in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+            "ppo_epochs": self.ppo_epochs >= 1,
+            "mini_batches": self.mini_batches >= 1,
+            "micro_batch_size": self.micro_batch_size >= 1,
+            "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
+            "temperature": self.temperature > 0,
+            "kl_coef": self.kl_coef >= 0,
+            "dual_clip": self.dual_clip is None or self.dual_clip > 1,
+            "micro_batching": self.micro_batching in ("token_budget", "fixed"),
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise TrainingConfigError(f"model.algorithm.{key}: invalid value {getattr(self, key)!r}")
+
+    @property
+    def clip(self) -> tuple[float, float]:
+        low_default, high_default = (3e-4, 4e-4) if self.loss == "gspo" else (0.2, 0.2)
+        return (
+            low_default if self.clip_low is None else self.clip_low,
+            high_default if self.clip_high is None else self.clip_high,
+        )
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.estimator == "ppo-gae"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """How parameters move.
+
+    Args:
+        lr: peak learning rate (AdamW); critic_lr: the critic's (None = 10 x lr).
+        weight_decay / betas / eps: AdamW.
+        warmup_steps: linear warm-up, counted in *rollout* steps (batches), not optimiser steps: with
+            several epochs and mini-batches per batch the schedule would otherwise race ahead.
+        schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio`` x lr at ``total_steps``).
+        total_steps: rollout steps of the run (for cosine; usually the trainer's max_steps).
+    """
+
+    lr: float = 1e-6
+    critic_lr: float | None = None
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int = 1000
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise TrainingConfigError(f"model.optim.lr must be > 0, got {self.lr}")
+        if self.schedule not in ("constant", "cosine"):
+            raise TrainingConfigError(f"model.optim.schedule must be constant or cosine, got {self.schedule!r}")
+        if self.warmup_steps < 0 or self.total_steps < 1:
+            raise TrainingConfigError("model.optim.warmup_steps must be >= 0 and total_steps >= 1")
+
+    def factor(self, step: int) -> float:
+        """LR multiplier after ``step`` rollout steps."""
+        import math
+
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,80 @@
+"""Forward passes over rollout rows: token log-probs, entropy, values; and how rows become micro-batches.
+
+Log-probs are token-aligned like the batch (``logp[b, t]`` is the log-prob of ``input_ids[b, t]``, from the
+logits at ``t - 1``; position 0 has none and is 0), computed as ``log softmax(logits / temperature)``, the
+distribution the engine sampled from (see `roll_lightning.rollout.engines.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from roll_lightning.rollout.batch import RolloutBatch
+
+
+def plan_micro_batches(lengths: Sequence[int], mode: str, *, max_tokens: int, micro_batch_size: int) -> list[list[int]]:
+    """Group row indices into micro-batches.
+
+    ``fixed``: consecutive rows, ``micro_batch_size`` at a time. ``token_budget``: rows sorted by length
+    (longest first) and packed greedily while ``rows x longest`` stays within ``max_tokens`` (a row longer than
+    the budget goes alone), so each micro-batch pads only to its own longest row.
+    """
+    order = list(range(len(lengths)))
+    if mode == "fixed":
+        return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+    order.sort(key=lambda i: -lengths[i])
+    plans: list[list[int]] = []
+    for i in order:
+        if plans and (len(plans[-1]) + 1) * lengths[plans[-1][0]] <= max_tokens:
+            plans[-1].append(i)
+        else:
+            plans.append([i])
+    return plans
+
+
+def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> RolloutBatch:
+    """The rows at ``rows``, cut to their own longest row (or kept at the batch width for ``fixed``)."""
+    part = batch.select(list(rows))
+    if pad_to_batch:
+        return part
+    width = int(part.attention_mask.sum(-1).max())
+    return part.truncate(width)
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]``."""
+    logp_all = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        entropy = F.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
+    return F.pad(logp, (1, 0)), entropy
+
+
+def policy_forward(
+    model: torch.nn.Module, batch: RolloutBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    return token_logprobs(out.logits, batch.input_ids, temperature, with_entropy=with_entropy)
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: the causal LM's backbone with a scalar head, one value per token."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: RolloutBatch) -> torch.Tensor:
+        out = self.backbone(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        )
+        return self.head(out.last_hidden_state).squeeze(-1).float()

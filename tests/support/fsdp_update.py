@@ -1,0 +1,71 @@
+"""Run by tests/training/test_fsdp.py as ``python support/fsdp_update.py MODEL_DIR OUT_FILE ALGORITHM_JSON``: one
+rollout step under FSDP2 on 2 CPU ranks (gloo, `ModelParallelStrategy`), each rank fed its own group of the
+handmade batch; rank 0 saves the full updated weights. Multi-process tests run as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from roll_lightning.module import AgentRLModule
+from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.training import AlgorithmConfig, OptimConfig
+from support.handmade_batch import handmade_batch
+
+
+class RankShard(L.LightningDataModule):
+    """Rank r gets the rows of group r (each rank holds whole groups, as the rollout guarantees)."""
+
+    def __init__(self, batch: RolloutBatch) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def train_dataloader(self) -> Any:
+        group = sorted(set(self.batch.traj_group_id))[self.trainer.global_rank]
+        rows = [i for i, g in enumerate(self.batch.traj_group_id) if g == group]
+        return torch.utils.data.DataLoader(_Repeat(self.batch.select(rows)), batch_size=None)
+
+
+class _Repeat(torch.utils.data.IterableDataset):
+    def __init__(self, batch: RolloutBatch) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        while True:
+            yield self.batch
+
+
+def main(model_dir: str, out_file: str, algorithm_json: str) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoTokenizer
+
+    batch = handmade_batch(Path(model_dir), AutoTokenizer.from_pretrained(model_dir))
+    module = AgentRLModule(
+        model_dir, algorithm=AlgorithmConfig(**json.loads(algorithm_json)), optim=OptimConfig(lr=1e-3), rollout_steps=1
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="gloo"),
+        max_steps=-1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=Path(out_file).parent,
+    )
+    trainer.fit(module, datamodule=RankShard(batch))
+    state = get_model_state_dict(module.actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.global_rank == 0:
+        torch.save(state, out_file)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,53 @@
+"""A rollout batch built by hand from the tiny model, for training tests that need known advantages.
+
+Groups of four one-turn episodes answer the same prompt: two reply ``<answer>Left</answer>`` (score 1), two
+``<answer>Right</answer>`` (score 0). Every group has the same token counts, so any split by group gives
+equal shares (what the 1-rank vs 2-rank comparison relies on). Behaviour log-probs are the model's own
+(teacher-forced), as an engine would have reported them at temperature 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_lightning.rollout.batch import RolloutBatch, collate
+from roll_lightning.rollout.episode import Episode, Turn
+
+GOOD, BAD = "<answer>Left</answer>", "<answer>Right</answer>"
+
+
+def handmade_batch(model_dir: Path, tokenizer: Any, groups: int = 2, layout: str = "trajectory") -> RolloutBatch:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = tokenizer.eos_token_id
+    episodes = []
+    for g in range(groups):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Turn 1:\n#####\n#P_O#\n#####\nboard {g}"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        for member, reply in enumerate([GOOD, BAD, GOOD, BAD]):
+            response = tokenizer.encode(reply, add_special_tokens=False) + [eos]
+            ids = torch.tensor([prompt + response])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1 : -1]
+            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+            turn = Turn(prompt, response, logp.tolist(), "stop", 0, observation=f"board {g}", reply=reply)
+            turn.reward = 1.0 if reply == GOOD else 0.0
+            episodes.append(Episode(group_index=g, member=member, seed=100 + g, env_id="handmade", turns=[turn]))
+    return collate(episodes, layout, tokenizer.pad_token_id)  # type: ignore[arg-type]
+
+
+def reply_logprob(model: torch.nn.Module, batch: RolloutBatch, row: int) -> float:
+    """Sum of the log-probs of row ``row``'s reply tokens under ``model``."""
+    ids = batch.input_ids[row : row + 1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=batch.attention_mask[row : row + 1]).logits
+    logp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return float(logp[batch.response_mask[row, 1:]].sum())

@@ -25,8 +25,8 @@ import lightning as L
 import torch
 
 from roll_lightning.algorithms import advantages as adv
-from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.algorithms import losses
+from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim

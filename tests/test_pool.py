@@ -268,3 +268,17 @@ async def test_sigterm_exits_after_the_drain_even_with_a_stuck_env(subprocess_en
                 await stuck
     finally:
         server.stop()
+
+
+async def test_a_batch_of_slow_steps_runs_on_many_server_threads(server: object) -> None:
+    """Slow env steps (I/O-bound envs) in one BatchStep are spread over the server's threads, not run in turn."""
+    from support.plugin_envs import _CounterEnv
+
+    async with EnvPool([server.address]) as pool:
+        sessions = [await pool.open("slow", {"max_steps": 10, "delay_s": 0.05}) for _ in range(8)]
+        for s in sessions:
+            await s.reset(seed=1)
+        _CounterEnv.max_in_step = 0
+        for _ in range(3):  # the first batch measures the per-item cost; later ones are spread
+            await asyncio.gather(*(s.step("go") for s in sessions))
+    assert _CounterEnv.max_in_step > 1

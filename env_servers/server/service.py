@@ -25,6 +25,8 @@ from env_servers.server.sessions import ProtocolError, SessionTable
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 
+# Items slower than this (per item, measured) are spread over the pool's threads instead of run one by one.
+PARALLEL_ITEM_S = 0.001
 INLINE_BUDGET_S = 0.005  # a whole 64-item FrozenLake batch (steps and resets) fits, even on a loaded box
 PROTOCOL_VERSION = "v1"
 IMPLEMENTATION = "env_servers-python/0.1.0"
@@ -152,7 +154,37 @@ class EnvService(pb_grpc.EnvServiceServicer):
         expected = sum(self.item_seconds[kind] * max(1, len(items)) for kind, items in parts.items())
         if expected < INLINE_BUDGET_S and not self.draining:
             return run()
-        return await self._call(context, run)
+        slowest = max(self.item_seconds[kind] for kind in parts)
+        if slowest == float("inf") or slowest < PARALLEL_ITEM_S or sum(map(len, parts.values())) < 2:
+            return await self._call(context, run)
+        return await self._run_spread(parts, deadline)
+
+    async def _run_spread(self, parts: dict[str, Any], deadline: float | None) -> list[list[Any]]:
+        """Slow items (an env waiting on I/O, a subprocess, a remote API) run on many pool threads at once: one
+        job for the whole batch would add their latencies up. Each session is still stepped by one thread."""
+        loop = asyncio.get_running_loop()
+        workers = max(1, self.pool._max_workers)
+        out = []
+        for kind, items in parts.items():
+            run_item, failed = (
+                (self._step_item, pb.StepResult) if kind == "step" else (self._reset_item, pb.ResetResult)
+            )
+            chunks = [list(items[i::workers]) for i in range(min(workers, len(items)))]
+            start = time.perf_counter()
+            jobs = [
+                loop.run_in_executor(self.pool, lambda c=chunk: self._batch(c, run_item, failed, deadline))
+                for chunk in chunks
+            ]
+            answered = await asyncio.shield(asyncio.gather(*jobs))
+            # chunk i holds items i, i+W, i+2W, ...: put them back in request order
+            results: list[Any] = [None] * len(items)
+            for i, chunk_results in enumerate(answered):
+                results[i :: len(chunks)] = chunk_results
+            out.append(results)
+            if items:
+                per_item = (time.perf_counter() - start) * len(chunks) / len(items)
+                self.item_seconds[kind] = 0.8 * self.item_seconds[kind] + 0.2 * per_item
+        return out
 
     async def Stream(
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any

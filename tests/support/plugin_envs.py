@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from env_servers import EnvSpec, register
+
+
+_GAUGE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class _CounterEnv:
 
     env_id = "counter"
     executed_steps = 0  # class-wide: counts real env.step executions in this process
+    in_step = 0  # steps running right now, in any session (all counter envs)
+    max_in_step = 0
 
     def __init__(self, config: CounterConfig) -> None:
         self.config = config
@@ -48,8 +54,15 @@ class _CounterEnv:
         return f"seed={seed} t=0", {"seed": seed}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.config.delay_s:
-            time.sleep(self.config.delay_s)
+        with _GAUGE_LOCK:
+            _CounterEnv.in_step += 1
+            _CounterEnv.max_in_step = max(_CounterEnv.max_in_step, _CounterEnv.in_step)
+        try:
+            if self.config.delay_s:
+                time.sleep(self.config.delay_s)
+        finally:
+            with _GAUGE_LOCK:
+                _CounterEnv.in_step -= 1
         type(self).executed_steps += 1
         self.t += 1
         return f"seed={self.seed} t={self.t}", 1.0, False, self.t >= self.config.max_steps, {"metrics": {"t": self.t}}
@@ -70,7 +83,7 @@ class SlowEnv(_CounterEnv):
     env_id = "slow"
 
 
-LOADING = __import__("threading").Event()  # `slowload` envs cannot be built until this is set
+LOADING = threading.Event()  # `slowload` envs cannot be built until this is set
 
 
 @register("slowload", CounterConfig)

@@ -67,7 +67,7 @@ def test_an_update_raises_the_probability_of_advantaged_replies(
     model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: AlgorithmConfig
 ) -> None:
     batch = handmade_batch(model_dir, tokenizer)
-    module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=3e-3))
+    module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-4))
     module.configure_model()
     good = [i for i in range(len(batch)) if GOOD in tokenizer.decode(batch.input_ids[i])]
     bad = [i for i in range(len(batch)) if i not in good]
@@ -95,7 +95,7 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
     module = AgentRLModule(
         str(model_dir),
         algorithm=AlgorithmConfig(recompute_old_logprobs=False, ppo_epochs=4, mini_batches=1),
-        optim=OptimConfig(lr=3e-3),
+        optim=OptimConfig(lr=1e-4),
     )
     losses: list[float] = []
     original = module._micro_loss
@@ -135,7 +135,7 @@ def test_micro_batching_and_accumulation_give_the_same_update(
     batch = handmade_batch(model_dir, tokenizer)
     params = []
     for i, settings in enumerate((a, b)):
-        module = AgentRLModule(str(model_dir), algorithm=AlgorithmConfig(**settings), optim=OptimConfig(lr=1e-3))
+        module = AgentRLModule(str(model_dir), algorithm=AlgorithmConfig(**settings), optim=OptimConfig(lr=1e-4))
         fit(module, batch, tmp_path / str(i))
         params.append(torch.cat([p.detach().flatten() for p in module.actor.parameters()]))
     original = torch.cat([p.flatten() for p in AgentRLModule._load(model_dir).parameters()])

@@ -171,10 +171,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             )
             chunks = [list(items[i::workers]) for i in range(min(workers, len(items)))]
             start = time.perf_counter()
-            jobs = [
-                loop.run_in_executor(self.pool, lambda c=chunk: self._batch(c, run_item, failed, deadline))
-                for chunk in chunks
-            ]
+            jobs = [loop.run_in_executor(self.pool, self._batch, chunk, run_item, failed, deadline) for chunk in chunks]
             answered = await asyncio.shield(asyncio.gather(*jobs))
             # chunk i holds items i, i+W, i+2W, ...: put them back in request order
             results: list[Any] = [None] * len(items)

@@ -13,7 +13,6 @@ from typing import Any
 
 from env_servers import EnvSpec, register
 
-
 _GAUGE_LOCK = threading.Lock()
 
 

@@ -28,7 +28,7 @@ from roll_lightning.algorithms import advantages as adv
 from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.training.config import AlgorithmConfig, OptimConfig
+from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 
@@ -48,7 +48,9 @@ class AgentRLModule(L.LightningModule):
             model: local folder of the policy (a transformers causal LM); the critic and reference start from it.
             algorithm: advantages, loss, epochs, micro-batching, KL, entropy, ...
             optim: AdamW and the learning-rate schedule (counted in rollout steps).
-            dtype: parameter dtype: ``float32`` (CPUs) or ``bfloat16`` (FSDP2 mixed precision on GPUs).
+            dtype: compute dtype: ``float32`` (CPUs: engine and trainer log-probs then agree) or ``bfloat16``
+                (GPUs with bf16; FSDP2 mixed precision under `ModelParallelStrategy`, autocast otherwise).
+                Trainable weights and optimiser state stay float32 either way.
             rollout_steps: stop after this many rollout batches (None: the trainer's max_steps decides; note
                 that Lightning counts optimiser steps, ppo_epochs x mini_batches per rollout batch).
             seed: seeds the mini-batch shuffling.
@@ -65,6 +67,7 @@ class AgentRLModule(L.LightningModule):
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
         self.rollout_steps = 0
+        self._measure_gap = False
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -79,15 +82,16 @@ class AgentRLModule(L.LightningModule):
             return
         from transformers import AutoModel
 
-        dtype = getattr(torch, self.param_dtype)
-        self.actor = self._load(self.model_path, self.param_dtype)
+        if self.param_dtype not in ("float32", "bfloat16"):
+            raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {self.param_dtype!r}")
+        self.actor = self._load(self.model_path)
         if self.algorithm.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.algorithm.uses_critic:
-            backbone = AutoModel.from_pretrained(self.model_path, dtype=dtype)
+            backbone = AutoModel.from_pretrained(self.model_path, dtype=torch.float32)
             self.critic = ValueModel(backbone, backbone.config.hidden_size)
         if self.algorithm.kl_coef > 0:
-            self.reference = self._load(self.model_path, self.param_dtype).eval()
+            self.reference = self._load(self.model_path).eval()
             self.reference.requires_grad_(False)
         if self.device_mesh is not None:  # only ModelParallelStrategy sets a mesh: FSDP2 over its dp dimension
             mesh = self.device_mesh["data_parallel"]
@@ -111,7 +115,9 @@ class AgentRLModule(L.LightningModule):
         batch, _, _ = next(dataloader_iter)
         batch = batch.to(self.device)
         started = time.perf_counter()
-        metrics = self.update(batch)
+        autocast = self.param_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
+            metrics = self.update(batch)
         metrics["timing/train_s"] = time.perf_counter() - started
         metrics.update({k: v for k, v in batch.metrics.items()})
         self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
@@ -140,9 +146,12 @@ class AgentRLModule(L.LightningModule):
         for _epoch in range(algo.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator)
             for mini in order.chunk(min(algo.mini_batches, len(batch))):
+                self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(
                     opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values
                 )
+                if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
+                    out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
                 for k, v in step_metrics.items():
                     sums[k] += v
                 steps += 1
@@ -216,7 +225,8 @@ class AgentRLModule(L.LightningModule):
                 agg=algo.aggregation,
             )
         metrics = {f"train/{k}": v for k, v in m.items()}
-        metrics["train/pg_loss"] = loss.detach()
+        if self._measure_gap:  # still the weights that the old log-probs came from: the engine-vs-trainer gap
+            metrics["train/logprob_gap"] = _masked_mean((logp.detach() - old_logp).abs(), mask)
         if entropy is not None:
             ent = losses.aggregate(entropy, mask, algo.aggregation)
             loss = loss - algo.entropy_coef * ent

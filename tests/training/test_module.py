@@ -37,7 +37,9 @@ class _Repeat(torch.utils.data.IterableDataset):
             yield self.batch
 
 
-def fit(module: AgentRLModule, batch: RolloutBatch, tmp_path: Path, rollout_steps: int = 1) -> L.Trainer:
+def fit(
+    module: AgentRLModule, batch: RolloutBatch, tmp_path: Path, rollout_steps: int = 1, ckpt_path: Path | None = None
+) -> L.Trainer:
     module.rollout_steps_limit = rollout_steps
     trainer = L.Trainer(
         accelerator="cpu",
@@ -49,7 +51,7 @@ def fit(module: AgentRLModule, batch: RolloutBatch, tmp_path: Path, rollout_step
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    trainer.fit(module, datamodule=FixedBatches(batch))
+    trainer.fit(module, datamodule=FixedBatches(batch), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -106,8 +108,10 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
         return loss, metrics
 
     module._micro_loss = recording  # type: ignore[method-assign]
-    fit(module, batch, tmp_path)
+    trainer = fit(module, batch, tmp_path)
     assert len(losses) >= 4 and losses[-1] < losses[0]
+    # the engine's log-probs were used: the gap is measured on the first (pre-update) optimiser step
+    assert float(trainer.callback_metrics["train/logprob_gap"]) < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -141,6 +145,38 @@ def test_micro_batching_and_accumulation_give_the_same_update(
     original = torch.cat([p.flatten() for p in AgentRLModule._load(model_dir).parameters()])
     assert not torch.allclose(params[0], original)  # the update did something
     torch.testing.assert_close(params[0], params[1], atol=2e-6, rtol=1e-5)
+
+
+def test_resume_continues_the_optimizer_and_the_schedule(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """Two rollout steps straight equal one step, a checkpoint, a new process-like module, and one more step."""
+    batch = handmade_batch(model_dir, tokenizer)
+    optim = OptimConfig(lr=1e-4, warmup_steps=4)  # the LR differs every step: the schedule state must carry over
+
+    def new() -> AgentRLModule:
+        return AgentRLModule(str(model_dir), algorithm=AlgorithmConfig(), optim=optim)
+
+    straight = new()
+    fit(straight, batch, tmp_path / "straight", rollout_steps=2)
+    first = new()
+    trainer = fit(first, batch, tmp_path / "first", rollout_steps=1)
+    trainer.save_checkpoint(tmp_path / "step1.ckpt")
+    resumed = new()
+    fit(resumed, batch, tmp_path / "resumed", rollout_steps=2, ckpt_path=tmp_path / "step1.ckpt")
+    assert resumed.rollout_steps == straight.rollout_steps == 2
+    for (name, a), b in zip(straight.actor.named_parameters(), resumed.actor.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    lrs = [m.trainer.optimizers[0].param_groups[0]["lr"] for m in (straight, resumed)]
+    assert lrs[0] == lrs[1] == pytest.approx(1e-4 * 3 / 4)
+
+
+def test_bf16_compute_keeps_float32_weights(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    batch = handmade_batch(model_dir, tokenizer)
+    module = AgentRLModule(str(model_dir), dtype="bfloat16", optim=OptimConfig(lr=1e-4))
+    trainer = fit(module, batch, tmp_path)
+    assert all(p.dtype == torch.float32 for p in module.actor.parameters())
+    assert torch.isfinite(torch.tensor(float(trainer.callback_metrics["train/loss"])))
+    with pytest.raises(TrainingConfigError, match="model.dtype"):
+        AgentRLModule(str(model_dir), dtype="float16").configure_model()
 
 
 def test_gigpo_needs_step_rows(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ class AgentRLModule(L.LightningModule):
     def __init__(
         self,
         model: str,
-        algorithm: AlgorithmConfig | None = None,
-        optim: OptimConfig | None = None,
+        algorithm: AlgorithmConfig = AlgorithmConfig(),
+        optim: OptimConfig = OptimConfig(),
         dtype: str = "float32",
         rollout_steps: int | None = None,
         seed: int = 0,
@@ -57,8 +57,8 @@ class AgentRLModule(L.LightningModule):
         """
         super().__init__()
         self.model_path = model
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.optim = optim or OptimConfig()
+        self.algorithm = algorithm
+        self.optim = optim
         self.param_dtype = dtype
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
@@ -67,6 +67,7 @@ class AgentRLModule(L.LightningModule):
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
         self.rollout_steps = 0
+        self.last_batch: RolloutBatch | None = None
         self._measure_gap = False
 
     # -- models --------------------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class AgentRLModule(L.LightningModule):
         if self.param_dtype not in ("float32", "bfloat16"):
             raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {self.param_dtype!r}")
         self.actor = self._load(self.model_path)
+        self.actor.train()  # dropout stays whatever the config says (0 for the usual chat models)
         if self.algorithm.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.algorithm.uses_critic:
@@ -112,15 +114,29 @@ class AgentRLModule(L.LightningModule):
     # -- the step ------------------------------------------------------------------------------------
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
-        batch, _, _ = next(dataloader_iter)
+        started = time.perf_counter()
+        batch, _, _ = next(dataloader_iter)  # the rollout happens here
+        rollout_s = time.perf_counter() - started
+        for callback in self.trainer.callbacks:  # a hook of ours: the engine may sleep now (see callbacks/)
+            hook = getattr(callback, "on_rollout_end", None)
+            if hook is not None:
+                hook(self.trainer, self, batch)
         batch = batch.to(self.device)
+        self.last_batch = batch
         started = time.perf_counter()
         autocast = self.param_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             metrics = self.update(batch)
         metrics["timing/train_s"] = time.perf_counter() - started
+        metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
-        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
+        metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
+        shown = {"rollout/success_rate": "success", "rollout/return_mean": "return", "timing/step_s": "step_s"}
+        self.log_dict({k: float(v) for k, v in metrics.items() if k not in shown}, on_step=True, batch_size=len(batch))
+        for key, short in shown.items():  # the progress bar's short names; loggers get the full ones
+            if key in metrics:
+                self.log(key, float(metrics[key]), on_step=True, prog_bar=False, batch_size=len(batch))
+                self.log(short, float(metrics[key]), on_step=True, prog_bar=True, logger=False, batch_size=len(batch))
         self.rollout_steps += 1
         if self.rollout_steps_limit is not None and self.rollout_steps >= self.rollout_steps_limit:
             self.trainer.should_stop = True
@@ -297,6 +313,12 @@ class AgentRLModule(L.LightningModule):
             )
         assert values is not None
         return adv.gae_advantages(batch.scores, values, batch.response_mask, gamma=algo.gamma, lam=algo.lam)
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
+        from roll_lightning.callbacks import GPUHandoff, WeightSync
+
+        return [GPUHandoff(), WeightSync()]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps

@@ -50,6 +50,7 @@ class RolloutBatch:
     anchor (the observation the row's first reply answered).
     ``episode_metrics``: one dict per *episode* (not row): success, return, turns, invalid_action_rate, ...
     ``metrics``: the batch's rollout metrics under ``rollout/``, ``env/`` and ``timing/`` (set by the scheduler).
+    ``episodes``: the `Episode` records the rows came from (observations, reply texts, rewards per turn).
     """
 
     input_ids: torch.Tensor
@@ -70,6 +71,7 @@ class RolloutBatch:
     layout: str = "trajectory"
     episode_metrics: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    episodes: list[Episode] = field(default_factory=list, repr=False)  # the source episodes (dumps, debugging)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -144,6 +146,7 @@ def collate(episodes: Sequence[Episode], layout: Layout, pad_id: int) -> Rollout
         anchor=[r["anchor"] for r in rows],
         layout=layout,
         episode_metrics=[ep.metrics() for ep in episodes],
+        episodes=list(episodes),
     )
 
 

@@ -20,9 +20,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.config import RolloutConfig
+from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
 from roll_lightning.rollout.scheduler import RolloutScheduler
@@ -75,9 +75,10 @@ class RolloutDataModule(L.LightningDataModule):
     def __init__(
         self,
         model: str,
-        rollout: RolloutConfig | None = None,
-        envs: EnvsConfig | None = None,
-        engine: EngineConfig | None = None,
+        rollout: RolloutConfig = RolloutConfig(),
+        envs: EnvsConfig = EnvsConfig(),
+        engine: EngineConfig = EngineConfig(),
+        colocate: bool = True,
     ) -> None:
         """
         Args:
@@ -85,12 +86,15 @@ class RolloutDataModule(L.LightningDataModule):
             rollout: how episodes are collected (env, groups, batch size, staleness, layout, sampling, ...).
             envs: where the env servers are.
             engine: which generation engine, and its settings.
+            colocate: generation and training share the accelerator: the engine sleeps while the policy trains.
+                False (disaggregated): generation goes on during training, bounded by rollout.max_staleness.
         """
         super().__init__()
         self.model = model
-        self.rollout = rollout or RolloutConfig()
-        self.envs = envs or EnvsConfig()
-        self.engine_config = engine or EngineConfig()
+        self.colocate = colocate
+        self.rollout = rollout
+        self.envs = envs
+        self.engine_config = engine
         self.engine: GenerationEngine | None = None
         self.scheduler: RolloutScheduler | None = None
         self.tokenizer: Any = None
@@ -119,7 +123,20 @@ class RolloutDataModule(L.LightningDataModule):
 
     async def _start(self, rank: int, world: int) -> None:
         self._pool = self.envs.pool(self.rollout.env_id)
-        await self._pool.start()
+        env = f"data.rollout.env_id={self.rollout.env_id!r}"
+        try:
+            await self._pool.start()
+        except NoEndpointAvailable as err:
+            raise RolloutConfigError(f"data.envs.endpoints={self.envs.endpoints!r}: {err}") from err
+        except RuntimeError as err:  # a local server that would not start: usually the env id or its import
+            raise RolloutConfigError(f"{env}: the local env server did not start: {err}") from err
+        try:  # one throw-away session: a wrong env id or config fails now, before a model is loaded
+            probe = await self._pool.open(self.rollout.env_id, self.rollout.env_config)
+        except EpisodeFailed as err:
+            raise RolloutConfigError(
+                f"{env} with data.rollout.env_config={self.rollout.env_config}: {err.detail}"
+            ) from err
+        await probe.close()
         # Engines load models: off the loop, so env health checks keep running meanwhile.
         self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model)
         self.scheduler = RolloutScheduler(

@@ -1,0 +1,206 @@
+"""`TrajectoryDump`: every N rollout steps, write a sample of the batch's episodes as JSONL, plus a static viewer.
+
+The output folder (default ``{trainer.log_dir}/trajectories``) holds:
+
+- ``step_{k:06d}.jsonl``: one JSON object per sampled episode of rollout step ``k`` (schema: `episode_record`);
+- ``index.json``: ``{"files": [...]}``, the step files in step order, so the viewer can list them;
+- ``index.html``: the viewer (`viewer.html` next to this module): no network, no build step. Serve the folder
+  (``python -m http.server -d DIR``) and it finds the step files by itself; opened from ``file://`` (where
+  browsers refuse ``fetch``) it takes the JSONL files through its file picker.
+
+Which batch: `AgentRLModule.training_step` pulls its batch through ``dataloader_iter`` and keeps it as
+``pl_module.last_batch``; this callback reads that attribute in ``on_train_batch_end`` (the ``batch`` argument
+is the fallback for modules without it). Only global rank 0 writes: every rank holds a different share of the
+episodes, and one sample is what a person looks at.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from roll_lightning.rollout.episode import Episode
+
+log = logging.getLogger(__name__)
+
+VIEWER = "viewer.html"
+_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
+
+
+def sample_episodes(episodes: Sequence[Episode], max_episodes: int) -> list[Episode]:
+    """Up to ``max_episodes`` episodes, one per group first (in order of first appearance), then second
+    members, ...: a deterministic sample that shows as many different boards as it can. ``max_episodes <= 0``:
+    all of them."""
+    if max_episodes <= 0 or max_episodes >= len(episodes):
+        return list(episodes)
+    groups: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group_key, []).append(ep)
+    picked: list[Episode] = []
+    rank = 0
+    while len(picked) < max_episodes:
+        for members in groups.values():
+            if rank < len(members):
+                picked.append(members[rank])
+                if len(picked) == max_episodes:
+                    break
+        rank += 1
+    return picked
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON without NaN/Infinity (the viewer's ``JSON.parse`` rejects them) and without unknown types (env
+    metrics are floats by contract, but a dump must not crash a run over one odd value)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return _jsonable(value.item())
+    return str(value)
+
+
+def episode_record(episode: Episode, step: int, tokenizer: Any = None) -> dict[str, Any]:
+    """One JSONL line. ``prompt``: the first prompt as the model saw it (special tokens kept, so the chat
+    template shows), or None without a tokenizer. ``turn`` counts from 0, like the batch's ``step`` tensor."""
+    prompt = None
+    if tokenizer is not None and episode.turns:
+        prompt = tokenizer.decode(episode.turns[0].prompt_ids, skip_special_tokens=False)
+    record = {
+        "step": step,
+        "env_id": episode.env_id,
+        "group": episode.group_key,
+        "traj": episode.traj_key,
+        "seed": episode.seed,
+        "member": episode.member,
+        "episode_id": episode.episode_id,
+        "end_reason": episode.end_reason,
+        "score": episode.score,
+        "success": bool(episode.metrics()["success"]),
+        "policy_version": episode.policy_version,
+        "prompt": prompt,
+        "turns": [
+            {
+                "turn": k,
+                "observation": turn.observation,
+                "reply": turn.reply,
+                "reward": turn.reward,
+                "action_valid": turn.action_valid,
+                "metrics": turn.metrics,
+                "response_tokens": len(turn.response_ids),
+                "finish_reason": turn.finish_reason,
+                "policy_version": turn.policy_version,
+            }
+            for k, turn in enumerate(episode.turns)
+        ],
+    }
+    return _jsonable(record)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write then rename: a viewer polling the folder never reads half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def viewer_html() -> str:
+    """The viewer's source (a package resource, so it works from an installed wheel as well)."""
+    return resources.files("roll_lightning.callbacks").joinpath(VIEWER).read_text(encoding="utf-8")
+
+
+def write_index(directory: Path) -> list[str]:
+    """Rewrite ``index.json`` from the step files present (so files of an earlier, resumed run stay listed)."""
+    found = [(int(m.group(1)), p.name) for p in directory.iterdir() if (m := _STEP_FILE.match(p.name))]
+    files = [name for _, name in sorted(found)]  # by number: names outgrow the zero padding past 999999
+    _write_atomic(directory / "index.json", json.dumps({"files": files}, indent=1) + "\n")
+    return files
+
+
+class TrajectoryDump(L.Callback):
+    """Write sampled episodes of every ``every_n_steps``-th rollout step as JSONL, with an HTML viewer."""
+
+    def __init__(
+        self,
+        every_n_steps: int = 10,
+        max_episodes: int = 8,
+        dirpath: str | None = None,
+        tokenizer_for_prompts: bool = True,
+    ) -> None:
+        """
+        Args:
+            every_n_steps: dump rollout steps ``k`` with ``k % every_n_steps == 0`` (``k`` counts finished
+                rollout batches from 1: ``pl_module.rollout_steps``, or ``trainer.global_step`` for modules
+                without it).
+            max_episodes: episodes per dump, one per group first (0: every episode of the batch).
+            dirpath: output folder (used as is, like `ModelCheckpoint`'s); default:
+                ``{trainer.log_dir}/trajectories``.
+            tokenizer_for_prompts: decode each episode's first prompt with the datamodule's ``tokenizer`` (if it
+                has one) into the ``prompt`` field.
+        """
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.max_episodes = max_episodes
+        self.dirpath = dirpath
+        self.tokenizer_for_prompts = tokenizer_for_prompts
+        self.directory: Path | None = None
+        self._last_step: int | None = None
+        self._viewer_written = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Resolved here, on every rank: `trainer.log_dir` broadcasts, so calling it on rank 0 alone would hang.
+        root = self.dirpath or str(Path(trainer.log_dir or trainer.default_root_dir) / "trajectories")
+        self.directory = Path(root)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not trainer.is_global_zero:
+            return
+        steps = getattr(pl_module, "rollout_steps", None)
+        step = steps if isinstance(steps, int) else trainer.global_step
+        # A step that did not advance the counter (a skipped batch) must not dump the previous batch again.
+        if step <= 0 or step % self.every_n_steps or step == self._last_step:
+            return
+        rollout = getattr(pl_module, "last_batch", None)
+        if rollout is None and hasattr(batch, "episodes"):
+            rollout = batch
+        if rollout is None or not rollout.episodes:
+            return
+        self._last_step = step
+        tokenizer = getattr(trainer.datamodule, "tokenizer", None) if self.tokenizer_for_prompts else None
+        self.dump(rollout.episodes, step, tokenizer, default_root=trainer.default_root_dir)
+
+    def dump(
+        self, episodes: Sequence[Episode], step: int, tokenizer: Any = None, default_root: str | None = None
+    ) -> Path:
+        """Write ``step_{step:06d}.jsonl`` (and the viewer, once per run; ``index.json``, every time)."""
+        if self.directory is None:  # called outside `fit` (no on_train_start): no log_dir to ask
+            self.directory = Path(self.dirpath or Path(default_root or ".") / "trajectories")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lines = [
+            json.dumps(episode_record(ep, step, tokenizer), ensure_ascii=False, allow_nan=False)
+            for ep in sample_episodes(episodes, self.max_episodes)
+        ]
+        path = self.directory / f"step_{step:06d}.jsonl"
+        _write_atomic(path, "".join(f"{line}\n" for line in lines))
+        if not self._viewer_written:  # once per run, replacing a viewer left by an older version
+            _write_atomic(self.directory / "index.html", viewer_html())
+            self._viewer_written = True
+        write_index(self.directory)
+        log.debug("trajectory dump: %d episodes -> %s", len(lines), path)
+        return path

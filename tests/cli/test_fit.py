@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +124,55 @@ def test_an_unknown_env_id_is_named(tmp_path: Path) -> None:
 
 def _unused(_: Any) -> None:  # keeps the Any import honest for type checkers
     return None
+
+
+def _dumped_groups(root: Path) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for path in root.rglob("step_*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        out[int(path.stem.split("_")[1])] = sorted({e["group"] for e in lines})
+    return out
+
+
+STEPS = 6
+RESUME_ARGS = [
+    "--config", str(ROOT / "configs" / "tiny.yaml"), "--model.rollout_steps", str(STEPS), "--trainer.logger", "false",
+    "--trainer.callbacks+=roll_lightning.callbacks.TrajectoryDump", "--trainer.callbacks.every_n_steps", "1",
+    "--trainer.callbacks.max_episodes", "0",
+]  # fmt: skip
+
+
+def test_killed_run_resumes_from_last_without_repeating_or_skipping_groups(tmp_path: Path) -> None:
+    """SIGKILL mid-run, then `--ckpt_path last`: the groups the final model was trained on are exactly those of
+    an uninterrupted run (the step in flight at the kill is redone, nothing else)."""
+    straight = run_cli("fit", *RESUME_ARGS, "--trainer.default_root_dir", str(tmp_path / "a"), cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    expected = _dumped_groups(tmp_path / "a")
+    assert sorted(expected) == list(range(1, STEPS + 1))
+
+    run_b = tmp_path / "b"
+    env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "roll_lightning", "fit", *RESUME_ARGS, "--trainer.default_root_dir", str(run_b)]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(30_000):  # until the second rollout step has ended (a hang guard, not a timing)
+            if list(run_b.rglob("step_000002.jsonl")) or proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    import torch
+
+    done_steps = torch.load(next(run_b.rglob("last.ckpt")), weights_only=False)["rollout_steps"]
+    assert 1 <= done_steps < STEPS
+    trained_before_kill = {k: v for k, v in _dumped_groups(run_b).items() if k <= done_steps}
+    for path in run_b.rglob("step_*.jsonl"):
+        path.unlink()
+    resumed = run_cli(
+        "fit", *RESUME_ARGS, "--trainer.default_root_dir", str(run_b), "--ckpt_path", "last", cwd=tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _dumped_groups(run_b)
+    assert sorted(after) == list(range(done_steps + 1, STEPS + 1))
+    assert {**trained_before_kill, **after} == expected

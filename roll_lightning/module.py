@@ -314,6 +314,15 @@ class AgentRLModule(L.LightningModule):
         assert values is not None
         return adv.gae_advantages(batch.scores, values, batch.response_mask, gamma=algo.gamma, lam=algo.lam)
 
+    def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
+        """Held-out evaluation episodes: their rollout metrics, logged as ``rollout/eval_*``."""
+        keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
+        for key in keys:
+            value = batch.metrics.get(f"rollout/{key}")
+            if value is not None:
+                self.log(f"rollout/eval_{key}", float(value), batch_size=len(batch.episode_metrics))
+        self.log("eval_success", float(batch.metrics.get("rollout/success_rate", 0.0)), prog_bar=True, logger=False)
+
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
         from roll_lightning.callbacks import GPUHandoff, WeightSync

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -71,6 +71,36 @@ class EnvsConfig:
         )
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation episodes (``validate``, and during ``fit`` every ``trainer.val_check_interval`` steps).
+
+    Args:
+        episodes: episodes per evaluation, one per held-out start (seeds disjoint from every training seed; the
+            same starts at every evaluation, so results compare across steps).
+        temperature: sampling temperature (0 = greedy: the policy's best guess).
+        max_new_tokens: reply budget (None = the training rollout's).
+    """
+
+    episodes: int = 32
+    temperature: float = 0.0
+    max_new_tokens: int | None = None
+
+    def rollout(self, train: RolloutConfig) -> RolloutConfig:
+        sampling = train.episode.sampling.replace(
+            temperature=self.temperature, max_new_tokens=self.max_new_tokens or train.episode.sampling.max_new_tokens
+        )
+        return replace(
+            train,
+            group_size=1,
+            group_redundancy=0,
+            batch_size=self.episodes,
+            concurrent_episodes=max(train.concurrent_episodes, self.episodes),
+            max_staleness=1 << 30,  # one evaluation runs under one policy; nothing to drop
+            episode=replace(train.episode, sampling=sampling),
+        )
+
+
 class RolloutDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -79,6 +109,7 @@ class RolloutDataModule(L.LightningDataModule):
         envs: EnvsConfig = EnvsConfig(),
         engine: EngineConfig = EngineConfig(),
         colocate: bool = True,
+        evaluation: EvalConfig = EvalConfig(),
     ) -> None:
         """
         Args:
@@ -88,10 +119,12 @@ class RolloutDataModule(L.LightningDataModule):
             engine: which generation engine, and its settings.
             colocate: generation and training share the accelerator: the engine sleeps while the policy trains.
                 False (disaggregated): generation goes on during training, bounded by rollout.max_staleness.
+            evaluation: held-out evaluation episodes (``validate``; ``trainer.val_check_interval`` during fit).
         """
         super().__init__()
         self.model = model
         self.colocate = colocate
+        self.evaluation = evaluation
         self.rollout = rollout
         self.envs = envs
         self.engine_config = engine
@@ -186,6 +219,27 @@ class RolloutDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader[RolloutBatch]:
         return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
 
+    def val_dataloader(self) -> DataLoader[RolloutBatch]:
+        return DataLoader(_EvalOnce(self), batch_size=None, num_workers=0)
+
+    def evaluate(self) -> RolloutBatch:
+        """Play the held-out evaluation episodes once (the same starts every time) with the current weights."""
+        if self._pool is None or self.engine is None:
+            raise RuntimeError("the rollout is not set up (call setup() first)")
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        config = self.evaluation.rollout(self.rollout)
+
+        async def play() -> RolloutBatch:
+            scheduler = RolloutScheduler(
+                self._pool, self.engine, self.tokenizer, config, rank=rank, world_size=world, split="eval"
+            )
+            try:
+                return await scheduler.get_batch()
+            finally:
+                await scheduler.close()
+
+        return self.call(play())
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch.to(device) if isinstance(batch, RolloutBatch) else batch
 
@@ -237,3 +291,13 @@ class _RolloutStream(IterableDataset[RolloutBatch]):
     def __iter__(self) -> Iterator[RolloutBatch]:
         while True:
             yield self.datamodule.next_batch()
+
+
+class _EvalOnce(IterableDataset[RolloutBatch]):
+    """One batch: the evaluation episodes."""
+
+    def __init__(self, datamodule: RolloutDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        yield self.datamodule.evaluate()

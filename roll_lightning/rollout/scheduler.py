@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import numpy as np
@@ -37,9 +37,16 @@ RETRYABLE = (EpisodeFailed, TimeoutError)
 REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 
 
-def group_seed(run_seed: int, group_index: int) -> int:
-    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree."""
-    return int(np.random.SeedSequence([run_seed, group_index]).generate_state(1)[0] & 0x7FFF_FFFF)
+Split = Literal["train", "eval"]
+
+
+def group_seed(run_seed: int, group_index: int, split: Split = "train") -> int:
+    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree.
+
+    Training seeds are even and evaluation seeds odd, so evaluation always plays starts training never saw.
+    """
+    value = int(np.random.SeedSequence([run_seed, group_index]).generate_state(1)[0] & 0x7FFF_FFFF)
+    return value | 1 if split == "eval" else value & ~1
 
 
 class RolloutScheduler:
@@ -53,10 +60,12 @@ class RolloutScheduler:
         rank: int = 0,
         world_size: int = 1,
         stop_token_ids: Sequence[int] = (),
+        split: Split = "train",
     ) -> None:
-        """Create on the asyncio loop that will run it. Rank ``r`` of ``world_size`` plays groups r, r+W, ..."""
+        """Create on the asyncio loop that will run it. Rank ``r`` of ``world_size`` plays groups r, r+W, ...;
+        ``split`` picks the seed space (``eval`` seeds are disjoint from ``train`` seeds)."""
         self.pool, self.engine, self.tokenizer, self.config = pool, engine, tokenizer, config
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.split = rank, world_size, split
         stops = {tokenizer.eos_token_id, *config.episode.sampling.stop_token_ids, *stop_token_ids}
         self.stop_ids = {s for s in stops if s is not None}
         self.queue = GroupQueue(config.max_staleness)
@@ -175,7 +184,8 @@ class RolloutScheduler:
     def new_group(self) -> Group:
         local = self._restart.popleft() if self._restart else self._take_next_local()
         index = local * self.world_size + self.rank
-        group = Group(index, group_seed(self.config.seed, index), self.config.group_size, self.engine.policy_version)
+        seed = group_seed(self.config.seed, index, self.split)
+        group = Group(index, seed, self.config.group_size, self.engine.policy_version)
         self.queue.add(group)
         return group
 

@@ -176,3 +176,15 @@ def test_killed_run_resumes_from_last_without_repeating_or_skipping_groups(tmp_p
     after = _dumped_groups(run_b)
     assert sorted(after) == list(range(done_steps + 1, STEPS + 1))
     assert {**trained_before_kill, **after} == expected
+
+
+def test_validate_plays_held_out_episodes_only(tmp_path: Path) -> None:
+    done = run_cli(
+        "validate", "--config", str(ROOT / "configs" / "tiny.yaml"), "--data.evaluation.episodes", "6",
+        "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "run"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
+    logged = {k for row in rows for k, v in row.items() if v}
+    assert {"rollout/eval_success_rate", "rollout/eval_return_mean"} <= logged
+    assert not any(k.startswith("train/") for k in logged)  # no update happened

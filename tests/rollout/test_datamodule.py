@@ -121,3 +121,22 @@ def test_a_model_folder_that_does_not_exist_fails_before_any_work(tmp_path: Path
     with pytest.raises(OSError):
         dm.setup("fit")
     assert dm.scheduler is None
+
+
+def test_evaluation_replays_the_same_held_out_starts_disjoint_from_training(model_dir: Path) -> None:
+    from roll_lightning.rollout.datamodule import EvalConfig
+
+    dm = datamodule(model_dir)
+    dm.evaluation = EvalConfig(episodes=4, temperature=0.0)
+    dm.setup("fit")
+    try:
+        first, second = dm.evaluate(), dm.evaluate()
+        train = dm.next_batch()
+    finally:
+        dm.teardown("fit")
+    eval_seeds = [int(g.rsplit("/s", 1)[1]) for g in first.traj_group_id]
+    train_seeds = [int(g.rsplit("/s", 1)[1]) for g in train.traj_group_id]
+    assert first.traj_group_id == second.traj_group_id and len(set(eval_seeds)) == 4  # one episode per start
+    assert all(s % 2 == 1 for s in eval_seeds) and all(s % 2 == 0 for s in train_seeds)
+    greedy = [[t.response_ids for t in ep.turns] for ep in first.episodes]
+    assert greedy == [[t.response_ids for t in ep.turns] for ep in second.episodes]  # greedy: same replies

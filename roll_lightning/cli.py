@@ -66,5 +66,7 @@ def _trainer_defaults() -> dict[str, Any]:
         "accelerator": "auto",
         "devices": 1,
         "log_every_n_steps": 1,
+        # evaluation episodes are whole rollouts: run them when asked (val_check_interval), not as a sanity check
+        "num_sanity_val_steps": 0,
         "enable_checkpointing": True,
     }

@@ -80,11 +80,15 @@ class EvalConfig:
             same starts at every evaluation, so results compare across steps).
         temperature: sampling temperature (0 = greedy: the policy's best guess).
         max_new_tokens: reply budget (None = the training rollout's).
+        during_fit: also evaluate during ``fit`` (every ``trainer.val_check_interval`` training steps; set both).
+            Off by default: evaluation episodes are whole rollouts, and Lightning would otherwise run them at
+            the end of every fit.
     """
 
     episodes: int = 32
     temperature: float = 0.0
     max_new_tokens: int | None = None
+    during_fit: bool = False
 
     def rollout(self, train: RolloutConfig) -> RolloutConfig:
         sampling = train.episode.sampling.replace(
@@ -219,7 +223,10 @@ class RolloutDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader[RolloutBatch]:
         return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
 
-    def val_dataloader(self) -> DataLoader[RolloutBatch]:
+    def val_dataloader(self) -> DataLoader[RolloutBatch] | list[Any]:
+        fitting = self._has_trainer() and self.trainer.state.fn == "fit"
+        if fitting and not self.evaluation.during_fit:
+            return []  # no validation loop in fit
         return DataLoader(_EvalOnce(self), batch_size=None, num_workers=0)
 
     def evaluate(self) -> RolloutBatch:

@@ -92,6 +92,7 @@ def test_fit_trains_syncs_logs_and_checkpoints(tmp_path: Path) -> None:
         "timing/train_s",
     ):
         assert key in logged, key
+    assert not any(k.startswith("rollout/eval_") for k in logged)  # evaluation only when asked for
     versions = sorted(float(r["sync/policy_version"]) for r in rows if r.get("sync/policy_version"))
     assert versions == [1.0, 2.0]
     assert list((tmp_path / "run").rglob("*.ckpt"))

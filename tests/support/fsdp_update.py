@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
+from support.fixed_batches import Repeat
 from support.handmade_batch import handmade_batch
 
 
@@ -30,16 +30,7 @@ class RankShard(L.LightningDataModule):
     def train_dataloader(self) -> Any:
         group = sorted(set(self.batch.traj_group_id))[self.trainer.global_rank]
         rows = [i for i, g in enumerate(self.batch.traj_group_id) if g == group]
-        return torch.utils.data.DataLoader(_Repeat(self.batch.select(rows)), batch_size=None)
-
-
-class _Repeat(torch.utils.data.IterableDataset):
-    def __init__(self, batch: RolloutBatch) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> Iterator[RolloutBatch]:
-        while True:
-            yield self.batch
+        return torch.utils.data.DataLoader(Repeat(self.batch.select(rows)), batch_size=None)
 
 
 def main(model_dir: str, out_file: str, algorithm_json: str) -> None:

@@ -3,38 +3,18 @@ does not depend on how a mini-batch is split into micro-batches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from support.fixed_batches import FixedBatches
 from support.handmade_batch import GOOD, handmade_batch, reply_logprob
 
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
-
-
-class FixedBatches(L.LightningDataModule):
-    """Feeds the same batch every step (the rollout is not under test here)."""
-
-    def __init__(self, batch: RolloutBatch) -> None:
-        super().__init__()
-        self.batch = batch
-
-    def train_dataloader(self) -> Any:
-        return torch.utils.data.DataLoader(_Repeat(self.batch), batch_size=None)
-
-
-class _Repeat(torch.utils.data.IterableDataset):
-    def __init__(self, batch: RolloutBatch) -> None:
-        self.batch = batch
-
-    def __iter__(self) -> Iterator[RolloutBatch]:
-        while True:
-            yield self.batch
 
 
 def fit(

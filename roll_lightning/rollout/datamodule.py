@@ -100,7 +100,7 @@ class EvalConfig:
             group_redundancy=0,
             batch_size=self.episodes,
             concurrent_episodes=max(train.concurrent_episodes, self.episodes),
-            max_staleness=1 << 30,  # one evaluation runs under one policy; nothing to drop
+            max_staleness=0,  # start exactly the held-out groups asked for, no run-ahead
             episode=replace(train.episode, sampling=sampling),
         )
 

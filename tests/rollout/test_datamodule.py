@@ -136,7 +136,12 @@ def test_evaluation_replays_the_same_held_out_starts_disjoint_from_training(mode
         dm.teardown("fit")
     eval_seeds = [int(g.rsplit("/s", 1)[1]) for g in first.traj_group_id]
     train_seeds = [int(g.rsplit("/s", 1)[1]) for g in train.traj_group_id]
-    assert first.traj_group_id == second.traj_group_id and len(set(eval_seeds)) == 4  # one episode per start
+    assert sorted(first.traj_group_id) == sorted(second.traj_group_id)  # the same starts, whatever the order
+    assert {g.split("/")[1] for g in first.traj_group_id} == {"g0", "g1", "g2", "g3"}  # exactly those asked for
+    assert len(set(eval_seeds)) == 4  # one episode per start
     assert all(s % 2 == 1 for s in eval_seeds) and all(s % 2 == 0 for s in train_seeds)
-    greedy = [[t.response_ids for t in ep.turns] for ep in first.episodes]
-    assert greedy == [[t.response_ids for t in ep.turns] for ep in second.episodes]  # greedy: same replies
+
+    def replies(batch: Any) -> dict[str, list[list[int]]]:
+        return {ep.traj_key: [t.response_ids for t in ep.turns] for ep in batch.episodes}
+
+    assert replies(first) == replies(second)  # greedy: the same replies

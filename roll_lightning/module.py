@@ -26,6 +26,7 @@ import torch
 
 from roll_lightning.algorithms import advantages as adv
 from roll_lightning.algorithms import losses
+from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
@@ -150,11 +151,11 @@ class AgentRLModule(L.LightningModule):
             old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
             if trainer_logp is not None:
                 mask = batch.response_mask
-                out["train/logprob_gap"] = _masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
+                out["train/logprob_gap"] = masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
             ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
             values = self._no_grad_values(batch) if self.critic is not None else None
             advantages, returns = self._advantages(batch, values)
-        out["train/advantage_mean"] = float(_masked_mean(_tokens(advantages, batch), batch.response_mask))
+        out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollout_steps)
@@ -242,7 +243,7 @@ class AgentRLModule(L.LightningModule):
             )
         metrics = {f"train/{k}": v for k, v in m.items()}
         if self._measure_gap:  # still the weights that the old log-probs came from: the engine-vs-trainer gap
-            metrics["train/logprob_gap"] = _masked_mean((logp.detach() - old_logp).abs(), mask)
+            metrics["train/logprob_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask)
         if entropy is not None:
             ent = losses.aggregate(entropy, mask, algo.aggregation)
             loss = loss - algo.entropy_coef * ent
@@ -263,24 +264,18 @@ class AgentRLModule(L.LightningModule):
     # -- helpers -------------------------------------------------------------------------------------
 
     def _no_grad_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        out = torch.zeros_like(batch.behaviour_logprobs)
-        lengths = batch.attention_mask.sum(-1).tolist()
-        for plan in plan_micro_batches(
-            lengths, "token_budget", max_tokens=self.algorithm.max_tokens_per_micro, micro_batch_size=1
-        ):
-            part = trim(batch, plan, pad_to_batch=False)
-            logp, _ = policy_forward(model, part, self.algorithm.temperature)
-            out[plan, : logp.shape[1]] = logp
-        return out * batch.response_mask
+        return self._no_grad_pass(batch, lambda part: policy_forward(model, part, self.algorithm.temperature)[0])
 
     def _no_grad_values(self, batch: RolloutBatch) -> torch.Tensor:
+        return self._no_grad_pass(batch, self.critic)
+
+    def _no_grad_pass(self, batch: RolloutBatch, per_token: Any) -> torch.Tensor:
+        """``per_token(part)`` over padding-free micro-batches, reassembled as ``[B, L]`` (0 off the response)."""
         out = torch.zeros_like(batch.behaviour_logprobs)
         lengths = batch.attention_mask.sum(-1).tolist()
-        for plan in plan_micro_batches(
-            lengths, "token_budget", max_tokens=self.algorithm.max_tokens_per_micro, micro_batch_size=1
-        ):
-            part = trim(batch, plan, pad_to_batch=False)
-            values = self.critic(part)
+        budget = self.algorithm.max_tokens_per_micro
+        for plan in plan_micro_batches(lengths, "token_budget", max_tokens=budget, micro_batch_size=1):
+            values = per_token(trim(batch, plan, pad_to_batch=False))
             out[plan, : values.shape[1]] = values
         return out * batch.response_mask
 
@@ -346,7 +341,3 @@ def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor |
 
 def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
     return x[:, None].expand_as(batch.behaviour_logprobs) if x.dim() == 1 else x
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,18 @@ def server() -> Iterator[RunningServer]:
 def subprocess_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let server subprocesses import `support.plugin_envs`."""
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{Path(__file__).parent.parent}")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny local chat model, built once per test session."""
+    from roll_lightning.models.tiny import tiny_model
+
+    return tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)

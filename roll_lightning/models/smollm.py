@@ -44,8 +44,10 @@ class SmolLM2NotInstalledError(ImportError):
 
 
 def default_cache_dir() -> Path:
-    """``$ROLL_LIGHTNING_CACHE/models``, default ``~/.cache/roll_lightning/models`` (as `resolve.cache_dir`)."""
-    return Path(os.environ.get("ROLL_LIGHTNING_CACHE", Path.home() / ".cache" / "roll_lightning")) / "models"
+    """``$ROLL_LIGHTNING_CACHE/models``, default ``~/.cache/roll_lightning/models``."""
+    from roll_lightning.models.resolve import cache_dir
+
+    return cache_dir()
 
 
 def find_gguf() -> Path:

@@ -147,7 +147,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         from transformers import AutoTokenizer
 
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        rank, world = self._rank_world()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollout-loop-rank{rank}", daemon=True)
@@ -233,7 +233,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Play the held-out evaluation episodes once (the same starts every time) with the current weights."""
         if self._pool is None or self.engine is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        rank, world = self._rank_world()
         config = self.evaluation.rollout(self.rollout)
 
         async def play() -> RolloutBatch:
@@ -271,12 +271,15 @@ class RolloutDataModule(L.LightningDataModule):
         states = state_dict.get("ranks", [])
         if not states:
             return
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
+        rank, world = self._rank_world()
         if len(states) != world:
             raise ValueError(f"the checkpoint's rollout state is for {len(states)} ranks; this run has {world}")
         self._pending_state = states[rank]
         if self.scheduler is not None:
             self.scheduler.load_state_dict(states[rank])
+
+    def _rank_world(self) -> tuple[int, int]:
+        return (self.trainer.global_rank, self.trainer.world_size) if self._has_trainer() else (0, 1)
 
     def _has_trainer(self) -> bool:
         try:

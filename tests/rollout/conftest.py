@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.servers import start_server
@@ -15,20 +14,8 @@ from roll_lightning.models.tiny import tiny_model
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
-
-
-@pytest.fixture(scope="session")
 def model_dir_seed1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model(tmp_path_factory.getbasetemp() / "models", seed=1)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.fixture(scope="module")

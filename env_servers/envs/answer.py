@@ -8,6 +8,7 @@ model output.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -58,3 +59,19 @@ def parse_actions(text: str, vocabulary: Mapping[str, T], max_actions: int = 1) 
             return None
         actions.append(vocabulary[part])
     return actions
+
+
+def first_action_word(text: str, vocabulary: Mapping[str, T]) -> list[T] | None:
+    """The lenient parse: the first whole word of ``text`` that is an action word, as a one-action list.
+
+    Tiny models trained from scratch never discover the ``<answer>`` form by sampling (see the learning
+    recipe in ``configs/frozenlake_learn.yaml``); real chat models should use `parse_actions`. Words are
+    runs of letters, matched case-insensitively, so ``"<answer>Left</answer>"`` and ``"left up"`` both give Left.
+    """
+    if not isinstance(text, str):
+        return None
+    for word in re.findall(r"[^\W\d_]+", text[:4096]):
+        action = vocabulary.get(word.lower())
+        if action is not None:
+            return [action]
+    return None

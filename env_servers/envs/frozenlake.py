@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from env_servers.api import EnvSpec
-from env_servers.envs.answer import parse_actions
+from env_servers.envs.answer import first_action_word, parse_actions
 from env_servers.registry import register
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
@@ -48,6 +48,10 @@ class FrozenLakeConfig:
         default=100, metadata={"doc": "turns before the episode is truncated; invalid replies count"}
     )
     format_penalty: float = field(default=-0.01, metadata={"doc": "reward of a reply without a valid <answer>"})
+    lenient: bool = field(
+        default=False,
+        metadata={"doc": "accept the first action word anywhere in the reply, no <answer> tag (tiny models)"},
+    )
 
     def __post_init__(self) -> None:
         if not 2 <= self.size <= MAX_SIZE:
@@ -176,7 +180,7 @@ class FrozenLakeEnv:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         cfg = self.config
         self._steps += 1
-        moves = parse_actions(action, _VOCABULARY, 1)
+        moves = first_action_word(action, _VOCABULARY) if cfg.lenient else parse_actions(action, _VOCABULARY, 1)
         old = self._pos
         if moves is None:
             reward = cfg.format_penalty
@@ -218,14 +222,23 @@ class FrozenLakeEnv:
             "falling into a hole ends the game. Walking off the edge leaves you in place." + slip + "\n"
             "Symbols: P you, _ frozen ice, O hole, G goal, X you in a hole, √ you on the goal.\n"
             "Actions: Left, Down, Right, Up. Reward 1 for reaching the goal, else 0.\n"
-            "Answer format: <answer>Direction</answer>, e.g. <answer>Left</answer>."
+            + (
+                "Answer with a direction word, e.g. Left."
+                if config.lenient
+                else "Answer format: <answer>Direction</answer>, e.g. <answer>Left</answer>."
+            )
+        )
+        action_format, example = (
+            ("Direction (one of Left, Down, Right, Up)", "Left")
+            if config.lenient
+            else ("<answer>Direction</answer> with Direction one of Left, Down, Right, Up", "<answer>Left</answer>")
         )
         return EnvSpec(
             env_id="frozenlake",
             version="1",
             instruction=instruction,
-            action_format="<answer>Direction</answer> with Direction one of Left, Down, Right, Up",
-            example_action="<answer>Left</answer>",
+            action_format=action_format,
+            example_action=example,
             max_steps=config.max_steps,
             reward_min=min(0.0, config.format_penalty),
             reward_max=1.0,

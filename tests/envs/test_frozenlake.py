@@ -187,6 +187,28 @@ def test_invalid_replies_are_penalised_noops(reply):
     }
 
 
+@pytest.mark.parametrize(
+    ("reply", "moved_to"),
+    [
+        ("Right", (0, 1)),
+        ("down", (1, 0)),
+        ("<answer>Right</answer>", (0, 1)),
+        ("um Down Right", (1, 0)),  # the first action word wins
+        ("Upright", (0, 0)),  # a word, not a substring: no action, a penalised no-op
+        ("", (0, 0)),
+    ],
+)
+def test_lenient_parse_takes_the_first_action_word(reply, moved_to):
+    env = make_env(lenient=True, format_penalty=-0.1)
+    env.reset(0, {"map": ("SFF", "FFF", "FFG")})
+    _, reward, _, _, info = env.step(reply)
+    assert env._pos == moved_to
+    assert info["action_valid"] is (moved_to != (0, 0))
+    assert reward == (0.0 if info["action_valid"] else pytest.approx(-0.1))
+    spec = FrozenLakeEnv.describe(env.config)
+    assert "<answer>" not in spec.instruction and spec.example_action == "Left"
+
+
 def test_truncation_at_max_steps():
     env = make_env(max_steps=3)
     env.reset(0, {"map": ("SFF", "FFF", "FFG")})
@@ -206,6 +228,7 @@ def test_truncation_at_max_steps():
         ({"max_steps": 0}, "max_steps"),
         ({"format_penalty": 1}, "format_penalty"),
         ({"is_slippery": "yes"}, "is_slippery"),
+        ({"lenient": "yes"}, "lenient"),
     ],
 )
 def test_config_errors_name_the_field(values, field):

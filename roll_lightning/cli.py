@@ -5,15 +5,22 @@ Shared values are linked, not repeated: the data module generates with the model
 (``model.model`` → ``data.model``) and the trainer's log-probs use the sampling temperature
 (``data.rollout.episode.sampling.temperature`` → ``model.algorithm.temperature``). Settings that cannot work
 together fail here, before any server or model starts, naming the key.
+
+SIGTERM stops a run soon (the rollout in flight is abandoned, see `roll_lightning.rollout.datamodule`) and exits
+with status 143, like a process the signal killed, so a job scheduler sees that the run did not finish; the last
+checkpoint is the last completed step, and ``--ckpt_path last`` carries on from it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from typing import Any
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.datamodule import RolloutDataModule
@@ -42,15 +49,19 @@ def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
-    RollLightningCLI(
-        AgentRLModule,
-        RolloutDataModule,
-        args=args,
-        parser_kwargs={"parser_mode": "omegaconf+"},
-        save_config_kwargs={"overwrite": True},
-        seed_everything_default=0,
-        trainer_defaults=_trainer_defaults(),
-    )
+    try:
+        RollLightningCLI(
+            AgentRLModule,
+            RolloutDataModule,
+            args=args,
+            parser_kwargs={"parser_mode": "omegaconf+"},
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=0,
+            trainer_defaults=_trainer_defaults(),
+        )
+    except SIGTERMException:  # Lightning's own exit code would be 0, as if the run had finished
+        print("roll_lightning: stopped by SIGTERM; resume with --ckpt_path last", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
 
 
 def _trainer_defaults() -> dict[str, Any]:

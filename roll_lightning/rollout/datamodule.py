@@ -4,12 +4,18 @@ Each rank owns an env pool, an engine and a `RolloutScheduler`, all living on on
 thread; the training loop pulls batches through an infinite `IterableDataset` (``num_workers=0``: a forked
 DataLoader worker would not have the loop thread). Ranks play disjoint groups (rank r of W plays groups
 r, r+W, ...), so nothing needs a sampler. Callbacks reach the engine and the scheduler through `call`.
+
+SIGTERM (a scheduler's preemption, ``kill``) abandons the rollout in flight instead of waiting for it: a CPU
+rollout can take minutes. Its groups were not trained on and are not in any checkpoint, so ``--ckpt_path last``
+plays them again; the run exits through Lightning's `SIGTERMException`, as Lightning does between steps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import signal
 import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field, replace
@@ -83,12 +89,15 @@ class EvalConfig:
         during_fit: also evaluate during ``fit`` (every ``trainer.val_check_interval`` training steps; set both).
             Off by default: evaluation episodes are whole rollouts, and Lightning would otherwise run them at
             the end of every fit.
+        at_fit_start: also evaluate once before the first update of a fresh ``fit`` (logged at step 0), so a
+            learning curve starts from the untrained policy. Not repeated when a run resumes.
     """
 
     episodes: int = 32
     temperature: float = 0.0
     max_new_tokens: int | None = None
     during_fit: bool = False
+    at_fit_start: bool = False
 
     def rollout(self, train: RolloutConfig) -> RolloutConfig:
         sampling = train.episode.sampling.replace(
@@ -139,6 +148,8 @@ class RolloutDataModule(L.LightningDataModule):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._inflight: concurrent.futures.Future[Any] | None = None
+        self._terminating = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -152,6 +163,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollout-loop-rank{rank}", daemon=True)
         self._thread.start()
+        self._install_sigterm_handler()
         try:
             self.call(self._start(rank, world))
         except BaseException:
@@ -182,9 +194,16 @@ class RolloutDataModule(L.LightningDataModule):
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Lightning skips `teardown` when a run fails or is interrupted: stop the servers and the engine anyway."""
+        self.teardown("exception")
+
     def teardown(self, stage: str) -> None:
         if self._loop is None:
             return
+        if threading.current_thread() is threading.main_thread() and hasattr(self, "_restore_sigterm"):
+            signal.signal(signal.SIGTERM, self._restore_sigterm)
+            del self._restore_sigterm
         try:
             self.call(self._stop(), timeout=120)
         except Exception:  # teardown must finish even after a failed run
@@ -205,12 +224,53 @@ class RolloutDataModule(L.LightningDataModule):
         if self._pool is not None:
             await self._pool.close()
 
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run a coroutine on the rollout loop from any other thread and wait for its result."""
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, interruptible: bool = False) -> T:
+        """Run a coroutine on the rollout loop from any other thread and wait for its result.
+
+        ``interruptible`` (rollouts: training batches, evaluation): SIGTERM cancels the call, in flight or yet to
+        start, and it raises `SIGTERMException`. Other calls (teardown's among them) always run to the end.
+        """
         if self._loop is None:
             coro.close()
             raise RuntimeError("the rollout is not set up (call setup() first)")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        if not interruptible:
+            return future.result(timeout)
+        self._inflight = future
+        try:
+            if self._terminating:  # the signal came before this call was registered
+                future.cancel()
+            return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            if not self._terminating:
+                raise
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            log.warning("SIGTERM: abandoned the rollout in flight; `--ckpt_path last` plays its groups again")
+            raise SIGTERMException(128 + signal.SIGTERM) from None
+        finally:
+            self._inflight = None
+
+    def _install_sigterm_handler(self) -> None:
+        """Chain a SIGTERM handler in front of the current one (Lightning's, which stops between steps)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; the default behaviour stays
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_IGN:
+            return  # whoever started us chose to ignore SIGTERM
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self._terminating = True
+            inflight = self._inflight
+            if inflight is not None:
+                inflight.cancel()
+            if callable(previous):
+                previous(signum, frame)
+            elif inflight is None:  # no Lightning handler and nothing to cancel: the default action, but clean
+                raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._restore_sigterm = previous
 
     # -- data ----------------------------------------------------------------------------------------
 
@@ -218,7 +278,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Block until the next batch of complete groups is ready (what the training loop pulls)."""
         if self.scheduler is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
-        return self.call(self.scheduler.get_batch())
+        return self.call(self.scheduler.get_batch(), interruptible=True)
 
     def train_dataloader(self) -> DataLoader[RolloutBatch]:
         return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
@@ -245,7 +305,7 @@ class RolloutDataModule(L.LightningDataModule):
             finally:
                 await scheduler.close()
 
-        return self.call(play())
+        return self.call(play(), interruptible=True)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch.to(device) if isinstance(batch, RolloutBatch) else batch

@@ -24,12 +24,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from roll_lightning.algorithms import advantages as adv
 from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import masked_mean
-from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
+from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 
@@ -70,6 +69,7 @@ class AgentRLModule(L.LightningModule):
         self.rollout_steps = 0
         self.last_batch: RolloutBatch | None = None
         self._measure_gap = False
+        self._fit_started = time.perf_counter()
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -132,6 +132,7 @@ class AgentRLModule(L.LightningModule):
         metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
+        metrics["timing/elapsed_s"] = time.perf_counter() - self._fit_started  # wall time since this fit began
         shown = {"rollout/success_rate": "success", "rollout/return_mean": "return", "timing/step_s": "step_s"}
         self.log_dict({k: float(v) for k, v in metrics.items() if k not in shown}, on_step=True, batch_size=len(batch))
         for key, short in shown.items():  # the progress bar's short names; loggers get the full ones
@@ -154,7 +155,7 @@ class AgentRLModule(L.LightningModule):
                 out["train/logprob_gap"] = masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
             ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
             values = self._no_grad_values(batch) if self.critic is not None else None
-            advantages, returns = self._advantages(batch, values)
+            advantages, returns = estimate_advantages(batch, self.algorithm, values)
         out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
         sums: dict[str, float] = defaultdict(float)
         steps = 0
@@ -279,44 +280,27 @@ class AgentRLModule(L.LightningModule):
             out[plan, : values.shape[1]] = values
         return out * batch.response_mask
 
-    def _advantages(self, batch: RolloutBatch, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        algo = self.algorithm
-        device = batch.input_ids.device
-        groups = ids_to_index(batch.traj_group_id).to(device)
-        trajs = ids_to_index(batch.traj_id).to(device)
-        if algo.estimator == "grpo":
-            return adv.grpo_advantages(batch.episode_scores, groups, traj_ids=trajs, norm_by_std=algo.norm_by_std), None
-        if algo.estimator == "gigpo":
-            if batch.layout != "step":
-                raise ValueError(
-                    "model.algorithm.estimator=gigpo needs step rows: set data.rollout.episode.layout: step"
-                )
-            anchors = anchor_ids(batch.anchor).to(device)
-            return (
-                adv.gigpo_advantages(
-                    batch.episode_scores,
-                    batch.step_scores,
-                    groups,
-                    trajs,
-                    batch.step,
-                    anchors,
-                    gamma=algo.gigpo_gamma,
-                    step_weight=algo.step_weight,
-                    norm_by_std=algo.norm_by_std,
-                ),
-                None,
-            )
-        assert values is not None
-        return adv.gae_advantages(batch.scores, values, batch.response_mask, gamma=algo.gamma, lam=algo.lam)
-
     def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
         """Held-out evaluation episodes: their rollout metrics, logged as ``rollout/eval_*``."""
-        keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
-        for key in keys:
-            value = batch.metrics.get(f"rollout/{key}")
-            if value is not None:
-                self.log(f"rollout/eval_{key}", float(value), batch_size=len(batch.episode_metrics))
-        self.log("eval_success", float(batch.metrics.get("rollout/success_rate", 0.0)), prog_bar=True, logger=False)
+        for key, value in eval_metrics(batch).items():
+            self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
+        success = float(batch.metrics.get("rollout/success_rate", 0.0))
+        self.log("eval_success", success, prog_bar=True, logger=False, batch_size=len(batch.episode_metrics))
+
+    def on_train_start(self) -> None:
+        """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
+        self._fit_started = time.perf_counter()
+        datamodule = getattr(self.trainer, "datamodule", None)
+        evaluation = getattr(datamodule, "evaluation", None)
+        if evaluation is None or not evaluation.at_fit_start or self.rollout_steps > 0:
+            return
+        metrics = eval_metrics(datamodule.evaluate())
+        # Lightning's own logging only flushes validation results inside its loops, hence the loggers directly.
+        reduced = {
+            k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()
+        }
+        for logger in self.loggers:
+            logger.log_metrics(reduced, step=0)
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
@@ -329,6 +313,12 @@ class AgentRLModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rollout_steps = checkpoint.get("rollout_steps", 0)
+
+
+def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """The headline metrics of an evaluation batch, as ``rollout/eval_*``."""
+    keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
+    return {f"rollout/eval_{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
 
 
 def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor | None:

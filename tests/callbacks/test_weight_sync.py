@@ -12,7 +12,7 @@ import torch
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig
-from roll_lightning.rollout.datamodule import EnvsConfig, RolloutDataModule
+from roll_lightning.rollout.datamodule import EnvsConfig, EvalConfig, RolloutDataModule
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 
@@ -26,6 +26,12 @@ class EngineMatchesTrainer(L.Callback):
         self.replies: list[list[int]] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.check(trainer, pl_module)
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.check(trainer, pl_module)
+
+    def check(self, trainer: L.Trainer, pl_module: Any) -> None:
         dm = trainer.datamodule
         reply = dm.call(dm.engine.generate(self.prompt, SamplingParams(max_new_tokens=6, temperature=0)))
         ids = torch.tensor([self.prompt + reply.token_ids])
@@ -38,23 +44,8 @@ class EngineMatchesTrainer(L.Callback):
         assert reply.token_ids[0] == int(logits[0].argmax())  # greedy agrees with the trainer's model
 
 
-def test_engine_generates_with_the_updated_weights(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
-
-    model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "#P_O#"}], tokenize=False, add_generation_prompt=True
-    )
-    checker = EngineMatchesTrainer(tokenizer.encode(text, add_special_tokens=False))
-    episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
-    data = RolloutDataModule(
-        str(model),
-        rollout=RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode),
-        envs=EnvsConfig(endpoints="local"),
-    )
-    module = AgentRLModule(str(model), algorithm=AlgorithmConfig(), optim=OptimConfig(lr=3e-3), rollout_steps=3)
-    trainer = L.Trainer(
+def _trainer(tmp_path: Path, checker: L.Callback) -> L.Trainer:
+    return L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=-1,
@@ -64,8 +55,50 @@ def test_engine_generates_with_the_updated_weights(tmp_path_factory: pytest.Temp
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
+        num_sanity_val_steps=0,
         callbacks=[checker],
     )
-    trainer.fit(module, datamodule=data)
+
+
+def test_engine_generates_with_the_updated_and_the_restored_weights(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """After each update; and after a checkpoint is restored by ``fit`` or ``validate`` (the engine starts from the
+    model folder, so it must be brought up to the checkpoint's weights before it plays)."""
+    from transformers import AutoTokenizer
+
+    model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "#P_O#"}], tokenize=False, add_generation_prompt=True
+    )
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
+
+    def parts(steps: int) -> tuple[AgentRLModule, RolloutDataModule]:
+        data = RolloutDataModule(
+            str(model),
+            rollout=RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode),
+            envs=EnvsConfig(endpoints="local"),
+            evaluation=EvalConfig(episodes=2),
+        )
+        optim = OptimConfig(lr=3e-3)
+        return AgentRLModule(str(model), algorithm=AlgorithmConfig(), optim=optim, rollout_steps=steps), data
+
+    checker = EngineMatchesTrainer(prompt)
+    trainer = _trainer(tmp_path, checker)
+    trainer.fit(*parts(3))
     assert [(v, s) for v, s, _ in checker.checked] == [(0, 0), (1, 1), (2, 2)]  # engine version = updates trained
     assert all(gap < 1e-5 for _, _, gap in checker.checked)  # identical log-probs: the same weights
+    ckpt = tmp_path / "after3.ckpt"
+    trainer.save_checkpoint(ckpt)
+
+    validated = EngineMatchesTrainer(prompt)
+    module, data = parts(3)
+    _trainer(tmp_path, validated).validate(module, datamodule=data, ckpt_path=ckpt)
+    resumed = EngineMatchesTrainer(prompt)
+    module, data = parts(4)
+    _trainer(tmp_path, resumed).fit(module, datamodule=data, ckpt_path=ckpt)
+    for restored in (validated, resumed):
+        assert [(v, s) for v, s, _ in restored.checked] == [(3, 3)] and restored.checked[0][2] < 1e-5
+    assert validated.replies == resumed.replies

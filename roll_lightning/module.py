@@ -280,8 +280,13 @@ class AgentRLModule(L.LightningModule):
             out[plan, : values.shape[1]] = values
         return out * batch.response_mask
 
-    def validation_step(self, batch: RolloutBatch, batch_idx: int) -> None:
-        """Held-out evaluation episodes: their rollout metrics, logged as ``rollout/eval_*``."""
+    def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
+        """Held-out evaluation episodes: their rollout metrics, logged as ``rollout/eval_*``.
+
+        The episodes are played here, not prefetched by Lightning before the ``on_validation_start`` hooks: a
+        restored checkpoint's weights reach the engine in one of those (`WeightSync`).
+        """
+        batch, _, _ = next(dataloader_iter)
         for key, value in eval_metrics(batch).items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
         success = float(batch.metrics.get("rollout/success_rate", 0.0))
@@ -318,7 +323,10 @@ class AgentRLModule(L.LightningModule):
 def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
     """The headline metrics of an evaluation batch, as ``rollout/eval_*``."""
     keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
-    return {f"rollout/eval_{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
+    out = {f"rollout/eval_{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
+    if len(batch):
+        out["rollout/eval_policy_version"] = float(batch.policy_version.min())  # the weights that played
+    return out
 
 
 def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from support.trainers import quiet_trainer
 from torch.utils.data import DataLoader
 
 from roll_lightning.callbacks.trajectories import (
@@ -116,17 +117,7 @@ class HandmadeData(L.LightningDataModule):
 
 
 def fit(tmp_path: Path, tokenizer: Any, callback: TrajectoryDump, steps: int, bare: bool = False) -> None:
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[callback],
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=steps, callbacks=[callback])
     trainer.fit(RolloutModule(bare=bare), datamodule=HandmadeData(tokenizer, steps))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from support.trainers import quiet_trainer
 
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.module import AgentRLModule
@@ -45,19 +46,7 @@ class EngineMatchesTrainer(L.Callback):
 
 
 def _trainer(tmp_path: Path, checker: L.Callback) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=-1,
-        max_epochs=-1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        callbacks=[checker],
-    )
+    return quiet_trainer(tmp_path, max_steps=-1, max_epochs=-1, num_sanity_val_steps=0, callbacks=[checker])
 
 
 def test_engine_generates_with_the_updated_and_the_restored_weights(

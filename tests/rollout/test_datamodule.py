@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+from support.trainers import quiet_trainer
 
 from roll_lightning.rollout import EpisodeSettings, RolloutBatch, RolloutConfig
 from roll_lightning.rollout.datamodule import EnvsConfig, RolloutDataModule
@@ -53,15 +54,7 @@ class RecordingModule(L.LightningModule):
 
 
 def trainer(tmp_path: Path, max_steps: int) -> L.Trainer:
-    return L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return quiet_trainer(tmp_path, max_steps=max_steps, enable_checkpointing=True)
 
 
 def test_standalone_setup_batches_and_teardown(model_dir: Path) -> None:

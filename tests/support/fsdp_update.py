@@ -18,6 +18,7 @@ from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 from support.fixed_batches import Repeat
 from support.handmade_batch import handmade_batch
+from support.trainers import quiet_trainer
 
 
 class RankShard(L.LightningDataModule):
@@ -41,16 +42,11 @@ def main(model_dir: str, out_file: str, algorithm_json: str) -> None:
     module = AgentRLModule(
         model_dir, algorithm=AlgorithmConfig(**json.loads(algorithm_json)), optim=OptimConfig(lr=1e-3), rollout_steps=1
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
+        Path(out_file).parent,
         devices=2,
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="gloo"),
         max_steps=-1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=Path(out_file).parent,
     )
     trainer.fit(module, datamodule=RankShard(batch))
     state = get_model_state_dict(module.actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

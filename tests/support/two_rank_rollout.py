@@ -15,6 +15,7 @@ import torch
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig
 from roll_lightning.rollout.datamodule import EnvsConfig, RolloutDataModule
 from roll_lightning.rollout.engines import SamplingParams
+from support.trainers import quiet_trainer
 
 
 class Recorder(L.LightningModule):
@@ -45,17 +46,7 @@ def main(model_dir: str, out_dir: str) -> None:
     episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
     rollout = RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode)
     dm = RolloutDataModule(model_dir, rollout=rollout, envs=EnvsConfig(endpoints="local"))
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        default_root_dir=out,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = quiet_trainer(out, max_steps=2, devices=2, strategy="ddp")
     trainer.fit(Recorder(out), datamodule=dm)
 
 

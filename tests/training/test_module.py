@@ -11,6 +11,7 @@ import pytest
 import torch
 from support.fixed_batches import FixedBatches
 from support.handmade_batch import GOOD, handmade_batch, reply_logprob
+from support.trainers import quiet_trainer
 
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
@@ -21,16 +22,7 @@ def fit(
     module: AgentRLModule, batch: RolloutBatch, tmp_path: Path, rollout_steps: int = 1, ckpt_path: Path | None = None
 ) -> L.Trainer:
     module.rollout_steps_limit = rollout_steps
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=-1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=-1)
     trainer.fit(module, datamodule=FixedBatches(batch), ckpt_path=ckpt_path)
     return trainer
 

@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -71,16 +72,11 @@ def run_one(estimator: str, minutes: float, eval_every: int, out: Path, extra: l
         "process_wall_s": wall,
         "train_s": max(elapsed.values(), default=0.0),
         "rollout_steps": len(series.get("timing/step_s", [])),
-        "step_s_median": _median([v for _, v in series.get("timing/step_s", [])]),
+        "step_s_median": statistics.median(v for _, v in series["timing/step_s"]),
         "evals": evals,
         "train_success": series.get("rollout/success_rate", []),
         "train_invalid": series.get("rollout/invalid_action_rate", []),
     }
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else float("nan")
 
 
 def plot(results: list[dict[str, Any]], path: Path, minutes: float) -> None:

@@ -217,21 +217,23 @@ class FrozenLakeEnv:
             if config.is_slippery
             else ""
         )
+        if config.lenient:
+            answer, action_format, example = (
+                "Answer with a direction word, e.g. Left.",
+                "Direction (one of Left, Down, Right, Up)",
+                "Left",
+            )
+        else:
+            answer, action_format, example = (
+                "Answer format: <answer>Direction</answer>, e.g. <answer>Left</answer>.",
+                "<answer>Direction</answer> with Direction one of Left, Down, Right, Up",
+                "<answer>Left</answer>",
+            )
         instruction = (
             "You are playing FrozenLake. Walk from your position to the goal G without stepping into a hole; "
             "falling into a hole ends the game. Walking off the edge leaves you in place." + slip + "\n"
             "Symbols: P you, _ frozen ice, O hole, G goal, X you in a hole, √ you on the goal.\n"
-            "Actions: Left, Down, Right, Up. Reward 1 for reaching the goal, else 0.\n"
-            + (
-                "Answer with a direction word, e.g. Left."
-                if config.lenient
-                else "Answer format: <answer>Direction</answer>, e.g. <answer>Left</answer>."
-            )
-        )
-        action_format, example = (
-            ("Direction (one of Left, Down, Right, Up)", "Left")
-            if config.lenient
-            else ("<answer>Direction</answer> with Direction one of Left, Down, Right, Up", "<answer>Left</answer>")
+            "Actions: Left, Down, Right, Up. Reward 1 for reaching the goal, else 0.\n" + answer
         )
         return EnvSpec(
             env_id="frozenlake",

@@ -12,7 +12,7 @@ import pytest
 from support.servers import start_server
 
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.envs import EnvOutage, EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.envs.local import launch_local_server
 
 ACTIONS = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>", "<answer>Up</answer>", "bad"]
@@ -171,7 +171,9 @@ async def test_ejection_fails_waiting_calls_at_once(subprocess_env):
     drain = ["--drain-seconds", "0.5"]  # at the end a 20 s step is still running: do not wait for it
     server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", *drain])
     try:
-        async with EnvPool([server.address], call_timeout_s=30.0, health_interval_s=0.2, eject_after=2) as pool:
+        async with EnvPool(
+            [server.address], call_timeout_s=30.0, health_interval_s=0.2, eject_after=2, outage_timeout_s=0.5
+        ) as pool:
             session = await pool.open("slow", {"delay_s": 20.0})
             await session.reset(seed=1)
             pending = asyncio.ensure_future(session.step("go"))  # blocks inside the env for 20 s
@@ -182,14 +184,33 @@ async def test_ejection_fails_waiting_calls_at_once(subprocess_env):
                 await pending
             assert time.monotonic() - start < 5.0, "ejection, not the 30 s deadline, ended the call"
             assert pool.stats["ejections"] == 1 and pool.healthy_endpoints() == []
-            with pytest.raises(NoEndpointAvailable):
-                await pool.open("slow")
+            with pytest.raises(EnvOutage, match=f"down for .*outage_timeout_s=0.5: {server.address} \\(ejected"):
+                await pool.open("slow")  # the outage outlasted what this pool waits out
             os.kill(server.process.pid, signal.SIGCONT)
             for _ in range(50):
                 await asyncio.sleep(0.1)
                 if pool.healthy_endpoints():
                     break
             assert pool.stats["readmissions"] == 1 and await pool.open("slow")
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+
+
+async def test_open_waits_out_an_outage_of_every_endpoint(subprocess_env):
+    """With every endpoint down, `open` waits for one to come back (it used to fail at once, burning retries)."""
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs"])
+    try:
+        async with EnvPool([server.address], health_interval_s=0.2, health_timeout_s=0.2) as pool:
+            os.kill(server.process.pid, signal.SIGSTOP)
+            while pool.healthy_endpoints():
+                await asyncio.sleep(0.05)
+            opening = asyncio.ensure_future(pool.open("slow"))
+            await asyncio.sleep(1.0)
+            assert not opening.done() and pool.in_outage, "waits while the only endpoint is down"
+            os.kill(server.process.pid, signal.SIGCONT)
+            session = await asyncio.wait_for(opening, 60)  # a hang guard
+            assert session.address == server.address and not pool.in_outage
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
         server.stop()

@@ -49,6 +49,14 @@ class NoEndpointAvailable(EpisodeFailed):
         super().__init__(grpc.StatusCode.UNAVAILABLE, detail)
 
 
+class EnvOutage(NoEndpointAvailable):
+    """Every endpoint has been down (unreachable, ejected or draining) for longer than the pool waits out.
+
+    Not an episode's fault, so not retried: the rollout stops with this message, which names the endpoints,
+    how long they have been down and what each last answered.
+    """
+
+
 def status_code(number: int) -> grpc.StatusCode:
     """The `grpc.StatusCode` for a numeric code carried in a per-item Status."""
     for code in grpc.StatusCode:

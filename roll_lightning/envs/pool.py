@@ -11,6 +11,8 @@ What it owns:
 - health: each endpoint is checked every `health_interval_s` (grpc.health.v1, short deadline); after
   `eject_after` failures in a row it is ejected: no new sessions, and calls waiting on it fail at once with
   `EpisodeFailed` instead of running out their deadline; it is readmitted when it answers SERVING again;
+- outages: when no endpoint is healthy, `open` waits for one to come back (up to `outage_timeout_s` from the
+  moment the last one went down) instead of failing at once, then raises `EnvOutage` naming the endpoints;
 - batching: concurrent steps (and resets) bound for one endpoint travel in one BatchStep call (adaptive: what
   arrives while earlier batches are in flight joins the next), so 64 episodes cost one RPC per turn, not 64;
 - deadlines on every call, retries only for idempotent calls (same request_id, the server replays).
@@ -29,7 +31,7 @@ from grpc_health.v1 import health_pb2
 
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.envs.client import EnvClient
-from roll_lightning.envs.errors import EpisodeFailed, NoEndpointAvailable, status_code
+from roll_lightning.envs.errors import EnvOutage, EpisodeFailed, NoEndpointAvailable, status_code
 from roll_lightning.envs.local import LocalServer, launch_local_server
 from roll_lightning.envs.session import EnvSession, new_request_id
 
@@ -48,6 +50,7 @@ class Endpoint:
     mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
     ejected: bool = False
     failures: int = 0
+    last_error: str = ""  # what the endpoint last answered a failed health check with (for outage messages)
     waiting: set[asyncio.Future[Any]] = field(default_factory=set)
     # kind -> [(request, future, absolute deadline)] waiting for the next batch
     queues: dict[str, list[tuple[Any, asyncio.Future[Any], float]]] = field(
@@ -83,6 +86,7 @@ class EnvPool:
         max_batch: int = 256,
         max_inflight_batches: int = 2,
         mixed_batches: bool = False,
+        outage_timeout_s: float = 300.0,
     ) -> None:
         """
         Args:
@@ -92,6 +96,8 @@ class EnvPool:
             call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
             eject_after: failed health checks in a row before an endpoint is ejected.
             start_timeout_s: how long `start` waits for a first endpoint to be SERVING (servers may still be loading).
+            outage_timeout_s: once every endpoint is down, how long `open` waits for one to come back before it
+                raises `EnvOutage` (0 = raise at once). A restarted or briefly frozen server costs a wait, not the run.
             mixed_batches: send resets inside BatchStep to servers that support it ("batch-mixed"): one RPC per turn
                 and less CPU per step, which helps lockstep collectors; free-running episodes lose the overlap that
                 separate step and reset RPCs give (docs/benchmarks.md §1), hence off by default.
@@ -106,6 +112,8 @@ class EnvPool:
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"endpoints: '{address}' is not host:port")
+        if outage_timeout_s < 0:
+            raise ValueError(f"outage_timeout_s must be >= 0, got {outage_timeout_s}")
         if transport not in ("batch", "stream", "unary"):
             raise ValueError(f"transport must be batch, stream or unary, got {transport!r}")
         self._addresses = endpoints
@@ -117,6 +125,9 @@ class EnvPool:
         self.eject_after, self.start_timeout_s = eject_after, start_timeout_s
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
         self.mixed_batches = mixed_batches
+        self.outage_timeout_s = outage_timeout_s
+        self._available = asyncio.Event()  # some endpoint can take sessions (set/cleared after each health check)
+        self._down_since: float | None = None  # loop time the last healthy endpoint went down
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -154,6 +165,7 @@ class EnvPool:
                     f"no env endpoint is reachable and serving after {self.start_timeout_s:g}s: " + ", ".join(addresses)
                 )
             await asyncio.sleep(min(0.25, self.health_interval_s))
+        self._note_availability()
         for ep in self.endpoints:
             self._tasks.append(asyncio.create_task(self._watch(ep)))
             for kind in ("reset", "step"):
@@ -191,8 +203,51 @@ class EnvPool:
         except EpisodeFailed as err:
             ep.failures += 1
             ep.accepting = False
+            ep.last_error = str(err)
             if ep.failures >= self.eject_after and not ep.ejected:
                 self._eject(ep, err)
+        if self._tasks:  # running (not still in `start`)
+            self._note_availability()
+
+    def _note_availability(self) -> None:
+        if self.healthy_endpoints():
+            self._down_since = None
+            self._available.set()
+        elif self._available.is_set() or self._down_since is None:
+            self._down_since = asyncio.get_running_loop().time()
+            self._available.clear()
+            log.warning(
+                "every env endpoint is down; new episodes wait up to %gs for one to come back", self.outage_timeout_s
+            )
+
+    @property
+    def in_outage(self) -> bool:
+        """True while no endpoint is healthy (new sessions wait in `open`)."""
+        return not self.healthy_endpoints()
+
+    async def wait_available(self) -> None:
+        """Return once some endpoint is healthy; raise `EnvOutage` when the outage outlasts `outage_timeout_s`."""
+        while not self.healthy_endpoints():
+            loop = asyncio.get_running_loop()
+            since = self._down_since if self._down_since is not None else loop.time()
+            left = since + self.outage_timeout_s - loop.time()
+            if left <= 0:
+                raise EnvOutage(self._outage_message(loop.time() - since))
+            try:
+                async with asyncio.timeout(left):
+                    await self._available.wait()
+            except TimeoutError:
+                pass
+
+    def _outage_message(self, down_s: float) -> str:
+        states = "; ".join(
+            f"{ep.address} ({'ejected' if ep.ejected else 'not serving'}: {ep.last_error or 'no answer yet'})"
+            for ep in self.endpoints
+        )
+        return (
+            f"every env endpoint has been down for {down_s:.0f}s, longer than outage_timeout_s="
+            f"{self.outage_timeout_s:g}: {states}"
+        )
 
     def _eject(self, ep: Endpoint, err: EpisodeFailed) -> None:
         log.warning("ejecting env endpoint %s after %d failed health checks: %s", ep.address, ep.failures, err)
@@ -222,6 +277,9 @@ class EnvPool:
         while True:
             candidates = [ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0]
             candidates = [ep for ep in candidates if ep.address not in tried]
+            if not candidates and not tried and not self.healthy_endpoints():
+                await self.wait_available()  # an outage: wait for an endpoint to come back (bounded)
+                continue
             if not candidates:
                 raise NoEndpointAvailable(
                     f"no endpoint can take a '{env_id}' session (tried: {', '.join(tried) or 'none'}; "

@@ -28,7 +28,10 @@ class RolloutConfig:
         max_staleness: how many policy versions old a group's oldest reply may be (0 = strictly on-policy: the
             scheduler starts only the groups the current batch needs).
         episode_retries: a failed episode (env fault, timeout) is replayed on a fresh session with the same seed
-            this many times; then its whole group is dropped.
+            this many times; then its whole group is dropped. Failures while every env endpoint is down use no
+            retry (the replay waits for an endpoint, up to ``envs.outage_timeout_s``).
+        retry_backoff_s: wait before the first replay of a failed episode; doubled for each further failure of
+            the same episode (at most 30 s), with jitter, so a struggling server is not hammered.
         max_failed_groups_in_a_row: after this many groups dropped for failures in a row, `get_batch` raises
             instead of retrying forever (e.g. every env server is gone).
         turn_timeout_s: deadline of one reply from the engine.
@@ -47,6 +50,7 @@ class RolloutConfig:
     concurrent_episodes: int = 64
     max_staleness: int = 0
     episode_retries: int = 2
+    retry_backoff_s: float = 0.5
     max_failed_groups_in_a_row: int = 8
     turn_timeout_s: float = 600.0
     episode_timeout_s: float = 3600.0
@@ -59,7 +63,7 @@ class RolloutConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise RolloutConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("group_redundancy", "max_staleness", "episode_retries"):
+        for name in ("group_redundancy", "max_staleness", "episode_retries", "retry_backoff_s"):
             if getattr(self, name) < 0:
                 raise RolloutConfigError(f"rollout.{name} must be >= 0, got {getattr(self, name)}")
         if self.batch_size % self.group_size:

@@ -49,6 +49,9 @@ class EnvsConfig:
         token: bearer token for remote servers; tls_root_cert: PEM file to verify them (enables TLS).
         transport: ``batch`` (concurrent calls share one RPC), ``stream`` or ``unary``.
         call_timeout_s / reset_timeout_s: deadline of a step / a reset.
+        outage_timeout_s: when every endpoint is down (unreachable, frozen, restarting, draining), new episodes
+            wait this long for one to come back, without using their retries; longer, and the run stops with a
+            message naming the endpoints and how long they were down (0 = stop at once).
     """
 
     endpoints: str | list[str] = "local"
@@ -60,6 +63,14 @@ class EnvsConfig:
     transport: Literal["batch", "stream", "unary"] = "batch"
     call_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
+    outage_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("call_timeout_s", "reset_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise RolloutConfigError(f"data.envs.{name} must be > 0, got {getattr(self, name)}")
+        if self.outage_timeout_s < 0:
+            raise RolloutConfigError(f"data.envs.outage_timeout_s must be >= 0, got {self.outage_timeout_s}")
 
     def pool(self, env_id: str) -> EnvPool:
         cert = Path(self.tls_root_cert).read_bytes() if self.tls_root_cert else None
@@ -74,6 +85,7 @@ class EnvsConfig:
             transport=self.transport,
             call_timeout_s=self.call_timeout_s,
             reset_timeout_s=self.reset_timeout_s,
+            outage_timeout_s=self.outage_timeout_s,
         )
 
 

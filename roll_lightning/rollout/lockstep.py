@@ -3,7 +3,9 @@
 This is the classic collector (verl-agent's loop, the seed's `lockstep` baseline): reset all, then repeatedly
 generate for all live episodes together and step all envs together, so generation waits for the slowest env
 and envs wait for the longest reply. It exists for debugging (a turn is a clean barrier) and as the
-benchmark baseline. A group with a failed member is dropped and replaced in the next round (no replays).
+benchmark baseline. A group with a failed member is dropped and replaced in the next round (no replays); while
+every env endpoint is down such drops do not count towards the failed-groups limit, and the next round's
+sessions wait for an endpoint (`EnvPool.open`), whose `EnvOutage` ends the run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+from roll_lightning.envs import EnvOutage
 from roll_lightning.rollout.episode import Episode, EpisodeBuilder
 from roll_lightning.rollout.groups import Group
 from roll_lightning.rollout.scheduler import RETRYABLE
@@ -38,6 +41,8 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
     failed: set[int] = set()
     builders: list[EpisodeBuilder | None] = []
     for (group, member), session in zip(members, opened, strict=True):
+        if isinstance(session, EnvOutage):
+            raise session
         if isinstance(session, BaseException):
             _fail(s, failed, group, session)
             builders.append(None)
@@ -113,7 +118,8 @@ def _fail(s: RolloutScheduler, failed: set[int], group: Group, err: BaseExceptio
     if group.index in failed:
         return
     failed.add(group.index)
-    s._last_failure = err
+    outage = s.note_failure(err)
     if s.queue.drop(group.index, "failed") is not None:
         s._settle(group.index)
-        s._count_failed_group()
+        if not outage:
+            s._count_failed_group()

@@ -6,14 +6,22 @@ scheduler starts only as many groups as waiting `get_batch` calls need plus ``ma
 Lock-step mode (`lockstep.py`) plays a batch turn by turn instead.
 
 Faults: a failed episode (`EpisodeFailed` from the env client, a turn or episode deadline) is replayed on a
-fresh session with the same seed; when its retries run out the whole group is dropped and replaced. Nothing
-partial is ever returned, and `get_batch` raises rather than hangs when groups keep failing.
+fresh session with the same seed, after a backoff that doubles with each failure; when its retries run out the
+whole group is dropped and replaced. A failure while every env endpoint is down is not the episode's fault and
+uses no retry: the replay waits in `EnvPool.open` for an endpoint to come back, and the pool's `EnvOutage`
+(down longer than ``envs.outage_timeout_s``) stops the run with one message. Nothing partial is ever returned,
+and `get_batch` raises rather than hangs when groups keep failing.
+
+Every episode task holds one running slot from its creation until it is done, however it ends (finished,
+failed, or cancelled before it ever ran): the slot is given back by the task's done-callback, which also wakes
+the producer, so `get_batch` never waits with nothing left that could wake it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -22,7 +30,7 @@ from typing import Any, Literal
 import grpc
 import numpy as np
 
-from roll_lightning.envs import EnvPool, EnvSession, EpisodeFailed
+from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
@@ -74,6 +82,7 @@ class RolloutScheduler:
             "episode_retries": 0,
             "redundant_cancelled": 0,
             "groups_failed_in_a_row": 0,
+            "outage_waits": 0,  # failures while every endpoint was down: replayed without using a retry
         }
         # Resume bookkeeping over *local* group numbers: all below the watermark are consumed or dropped.
         self._next_local = 0
@@ -81,7 +90,7 @@ class RolloutScheduler:
         self._settled_above: set[int] = set()
         self._restart: deque[int] = deque()
         self._demand = 0
-        self._running = 0
+        self._episodes: set[asyncio.Task[None]] = set()  # each holds a running slot until done
         self._idle_sessions: list[EnvSession] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
@@ -92,6 +101,7 @@ class RolloutScheduler:
         self._drained.set()
         self._producer: asyncio.Task[None] | None = None
         self._last_failure: BaseException | None = None
+        self._jitter = random.Random()  # backoff jitter only: never the run's seeded streams
         self.batches = 0
 
     # -- public API ----------------------------------------------------------------------------------
@@ -164,6 +174,11 @@ class RolloutScheduler:
         self._settled_above = set(state["settled_above"])
         self._restart = deque(i for i in range(self._watermark, self._next_local) if i not in self._settled_above)
         self.batches = state["batches"]
+
+    @property
+    def running(self) -> int:
+        """Episode tasks holding a running slot now."""
+        return len(self._episodes)
 
     # -- generation gate -----------------------------------------------------------------------------
 
@@ -239,13 +254,19 @@ class RolloutScheduler:
             while (
                 self._generation_open.is_set()
                 and len(self.queue.live) < wanted
-                and (self._running == 0 or self._running + members <= self.config.concurrent_episodes)
+                and (not self._episodes or len(self._episodes) + members <= self.config.concurrent_episodes)
             ):
                 group = self.new_group()
                 for member in range(members):
-                    self._running += 1
                     task = asyncio.create_task(self._play(group, member), name=f"episode-{group.index}-{member}")
+                    self._episodes.add(task)
+                    task.add_done_callback(self._episode_done)
                     group.tasks.append(task)
+
+    def _episode_done(self, task: asyncio.Task[None]) -> None:
+        """Give the slot back and wake the producer: runs however the task ended, even cancelled before it ran."""
+        self._episodes.discard(task)
+        self._kick.set()
 
     async def _play(self, group: Group, member: int) -> None:
         try:
@@ -258,18 +279,15 @@ class RolloutScheduler:
                         self.counters["redundant_cancelled"] += 1
         except asyncio.CancelledError:
             pass
-        except (ContextBudgetError, EngineClosed, RolloutConfigError) as err:
+        except (ContextBudgetError, EngineClosed, RolloutConfigError, EnvOutage) as err:
             self.queue.fail(err)
         except Exception as err:  # a bug must stop the run loudly, not leave get_batch waiting
             log.exception("episode task crashed")
             self.queue.fail(err)
-        finally:
-            self._running -= 1
-            self._kick.set()
 
     async def play_member(self, group: Group, member: int) -> Episode | None:
         """Play one member to the end, with retries; None if its group was dropped meanwhile or now."""
-        attempts = 0
+        attempts = failures = 0
         while True:
             attempts += 1
             episode = Episode(group.index, member, group.seed, self.config.env_id, layout=self.config.episode.layout)
@@ -280,6 +298,9 @@ class RolloutScheduler:
                 builder = EpisodeBuilder(self.tokenizer, self.config.episode, session.spec, episode, self.stop_ids)
                 async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
                     result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
+            except EnvOutage:
+                self._discard(session)
+                raise
             except RETRYABLE as err:
                 if session is None and isinstance(err, EpisodeFailed) and err.code in REFUSED_CONFIG:
                     raise RolloutConfigError(
@@ -287,17 +308,21 @@ class RolloutScheduler:
                         f"{self.config.env_config}: {err.detail}"
                     ) from err
                 self._discard(session)
-                self._last_failure = err
+                failures += 1
                 if group.finished:
                     return None
-                if attempts > self.config.episode_retries:
+                if self.note_failure(err):
+                    attempts -= 1  # the outage's fault, not the episode's: the replay waits for an endpoint
+                elif attempts > self.config.episode_retries:
                     log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
                     dropped = self.queue.drop(group.index, "failed")
                     if dropped is not None:
                         self._abandon(dropped)
                         self._count_failed_group()
                     return None
-                self.counters["episode_retries"] += 1
+                else:
+                    self.counters["episode_retries"] += 1
+                await asyncio.sleep(self._backoff_s(failures))
                 continue
             except BaseException:
                 self._discard(session)
@@ -309,6 +334,19 @@ class RolloutScheduler:
             self._idle_sessions.append(session)
             self.counters["episodes"] += 1
             return result
+
+    def note_failure(self, err: BaseException) -> bool:
+        """Record a failed episode; True when every env endpoint is down (an outage, not the episode's fault)."""
+        self._last_failure = err
+        if isinstance(err, EpisodeFailed) and err.infrastructure and self.pool.in_outage:
+            self.counters["outage_waits"] += 1
+            return True
+        return False
+
+    def _backoff_s(self, failures: int) -> float:
+        """Wait before replay ``failures``: ``retry_backoff_s`` doubling per failure, at most 30 s, with jitter."""
+        base = min(30.0, self.config.retry_backoff_s * 2 ** (failures - 1))
+        return base * (0.5 + 0.5 * self._jitter.random())
 
     def _count_failed_group(self) -> None:
         self.counters["groups_failed_in_a_row"] += 1

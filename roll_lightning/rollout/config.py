@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll_lightning.rollout.episode import EpisodeSettings
+from roll_lightning.rollout.filters import GroupFilterConfig
 
 GROUP_ESTIMATORS = ("grpo", "gigpo")
 
@@ -39,6 +40,9 @@ class RolloutConfig:
         mode: ``async`` (every episode runs on its own) or ``lockstep`` (all episodes of a batch take each turn
             together; the generation waits for the slowest env: for debugging and as a baseline).
         seed: the run's seed; group g's seed is derived from (seed, g), so runs and resumes are reproducible.
+        group_filter: dynamic sampling: which complete groups a batch keeps (``kind: zero_variance`` drops groups
+            whose members all scored the same and plays replacements; ``top_p_variance`` over-samples and keeps
+            the groups with the largest score spread). Off (``none``) by default; see `rollout.filters`.
         episode: layout, max turns, context budget, sampling, prompt rendering.
     """
 
@@ -57,6 +61,7 @@ class RolloutConfig:
     mode: Literal["async", "lockstep"] = "async"
     seed: int = 0
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
+    group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig)
 
     def __post_init__(self) -> None:
         positive = ("group_size", "batch_size", "concurrent_episodes", "max_failed_groups_in_a_row")
@@ -84,6 +89,7 @@ class RolloutConfig:
                 f"rollout.episode.max_context_tokens={self.episode.max_context_tokens} leaves no room for a prompt "
                 f"next to max_new_tokens={self.episode.sampling.max_new_tokens}: one turn must fit"
             )
+        self.group_filter.check(self.group_size)
         for name in ("turn_timeout_s", "episode_timeout_s"):
             if getattr(self, name) <= 0:
                 raise RolloutConfigError(f"rollout.{name} must be > 0, got {getattr(self, name)}")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from roll_lightning.envs import EnvOutage
 from roll_lightning.rollout.episode import Episode, EpisodeBuilder
+from roll_lightning.rollout.filters import GroupSelection
 from roll_lightning.rollout.groups import Group
 from roll_lightning.rollout.scheduler import RETRYABLE
 
@@ -23,15 +24,16 @@ if TYPE_CHECKING:
     from roll_lightning.rollout.scheduler import RolloutScheduler
 
 
-async def collect_lockstep(scheduler: RolloutScheduler, n_groups: int) -> list[Group]:
-    complete: list[Group] = []
-    while len(complete) < n_groups:
+async def collect_lockstep(scheduler: RolloutScheduler, selection: GroupSelection) -> None:
+    """Play rounds of as many groups as ``selection`` still misses (failed or filtered groups are replaced in
+    the next round) until it needs no more."""
+    while selection.missing:
         if scheduler.queue.error is not None:
             raise scheduler.queue.error
-        groups = [scheduler.new_group() for _ in range(n_groups - len(complete))]
+        groups = [scheduler.new_group() for _ in range(selection.missing)]
         await _play_round(scheduler, groups)
-        complete += await scheduler.queue.take(scheduler.queue.ready)
-    return complete
+        for group in await scheduler.queue.take(scheduler.queue.ready):
+            selection.offer(group)
 
 
 async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:

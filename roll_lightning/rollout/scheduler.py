@@ -35,6 +35,7 @@ from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
+from roll_lightning.rollout.filters import GroupSelection
 from roll_lightning.rollout.groups import Group, GroupQueue
 from roll_lightning.rollout.metrics import batch_metrics
 
@@ -77,6 +78,7 @@ class RolloutScheduler:
         stops = {tokenizer.eos_token_id, *config.episode.sampling.stop_token_ids, *stop_token_ids}
         self.stop_ids = {s for s in stops if s is not None}
         self.queue = GroupQueue(config.max_staleness)
+        self.filter = config.group_filter.build()
         self.counters: dict[str, float] = {
             "episodes": 0,
             "episode_retries": 0,
@@ -113,19 +115,22 @@ class RolloutScheduler:
             raise ValueError(f"get_batch({n}): not a multiple of group_size={self.config.group_size}")
         started = time.perf_counter()
         before = self.engine.stats()
+        selection = GroupSelection(self.filter, n // self.config.group_size)
         if self.config.mode == "lockstep":
             from roll_lightning.rollout.lockstep import collect_lockstep
 
-            groups = await collect_lockstep(self, n // self.config.group_size)
+            await collect_lockstep(self, selection)
         else:
-            groups = await self._take(n // self.config.group_size)
-        for group in groups:
+            await self._take(selection)
+        groups, filtered, filter_metrics = selection.result()
+        for group in [*groups, *filtered]:  # filtered groups are settled too: never replayed after a resume
             self._settle(group.index)
         episodes = [ep for g in groups for ep in sorted(g.episodes, key=lambda e: e.member)[: g.size]]
         batch = collate(episodes, self.config.episode.layout, _pad_id(self.tokenizer))
         batch.metrics = batch_metrics(
             episodes, self, wall_s=time.perf_counter() - started, engine_before=before, engine_after=self.engine.stats()
         )
+        batch.metrics.update(filter_metrics)
         self.batches += 1
         return batch
 
@@ -217,24 +222,27 @@ class RolloutScheduler:
             self._settled_above.remove(self._watermark)
             self._watermark += 1
 
-    async def _take(self, n_groups: int) -> list[Group]:
+    async def _take(self, selection: GroupSelection) -> None:
+        """Collect complete, fresh groups into ``selection`` until it needs no more. The producer's demand is
+        what the selection still misses: a group the filter rejects leaves it unchanged, so a new group (a new
+        seed) replaces it, until the selection's bound on extra groups is reached."""
         self._ensure_producer()
-        self._demand += n_groups
+        demanded = selection.missing
+        self._demand += demanded
         self._kick.set()
-        taken: list[Group] = []
         try:
-            while len(taken) < n_groups:
+            while selection.missing:
                 for group in await self.queue.take(1):
                     if self.engine.policy_version - group.policy_version > self.config.max_staleness:
                         self.queue.counters["dropped_stale"] += 1
                         self._settle(group.index)
-                        self._kick.set()
                     else:
-                        taken.append(group)
-                        self._demand -= 1
+                        selection.offer(group)
+                self._demand -= demanded - selection.missing
+                demanded = selection.missing
+                self._kick.set()
         finally:
-            self._demand -= n_groups - len(taken)
-        return taken
+            self._demand -= demanded
 
     def _ensure_producer(self) -> None:
         if self._producer is None or self._producer.done():

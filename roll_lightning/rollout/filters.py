@@ -1,0 +1,177 @@
+"""Dynamic sampling: group filters that keep updates from being spent on groups that teach nothing.
+
+A group whose members all scored the same gets advantage 0 on every row under a group-normalised estimator
+(GRPO, and GiGPO's episode term): its rollout and its forward/backward pass buy nothing. A filter decides, as
+complete groups arrive for a batch, which ones the batch keeps; the scheduler replaces a rejected group with a
+new one (a new seed), within a bound.
+
+- ``zero_variance`` (DAPO's dynamic sampling, verl-agent's ``filter_groups``): reject a group whose scores
+  spread (max - min) by at most ``tolerance``; refill, at most ``max_extra_groups`` extra groups per batch.
+- ``top_p_variance`` (RAGEN-2's variance filter, the fixed-fraction variant): play ``ceil(G / top_p)`` groups for
+  a batch of ``G`` and keep the ``G`` with the largest score spread (their standard deviation). The cost is known
+  in advance (``1 / top_p`` rollouts per kept group) and nothing waits on luck. RAGEN-2's SNR-adaptive variant,
+  which picks the fraction from the measured signal, is not implemented: the fixed fraction is predictable on a
+  CPU budget and is what their ablations sweep.
+
+When the bound is hit before ``G`` groups pass (nothing carries signal), the batch is completed with the
+rejected groups of largest spread ("least bad"), so every batch has ``G`` groups and every rank the same
+shape; a batch that then has no signal at all is skipped by the update (`AgentRLModule`), not trained on.
+A group's score is its episodes' return (the sum of their rewards), the quantity GRPO normalises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import pstdev
+from typing import Literal
+
+from roll_lightning.rollout.groups import Group
+
+FilterKind = Literal["none", "zero_variance", "top_p_variance"]
+
+
+@dataclass(frozen=True)
+class GroupFilterConfig:
+    """Which groups a batch keeps (``data.rollout.group_filter``).
+
+    Args:
+        kind: ``none`` (keep every complete group), ``zero_variance`` (drop groups whose members all scored the
+            same, and refill) or ``top_p_variance`` (over-sample, keep the fraction ``top_p`` with the largest
+            score spread).
+        tolerance: ``zero_variance``: a group whose scores spread by at most this much counts as flat.
+        top_p: ``top_p_variance``: the fraction of played groups kept, in (0, 1].
+        max_extra_groups: ``zero_variance``: groups played per batch to replace rejected ones, at most; then
+            the batch is completed with the least flat rejected groups (never a hang, never an error).
+    """
+
+    kind: FilterKind = "none"
+    tolerance: float = 1e-6
+    top_p: float = 0.5
+    max_extra_groups: int = 32
+
+    def check(self, group_size: int) -> None:
+        from roll_lightning.rollout.config import RolloutConfigError
+
+        key = "rollout.group_filter"
+        if self.kind not in ("none", "zero_variance", "top_p_variance"):
+            raise RolloutConfigError(f"{key}.kind must be none, zero_variance or top_p_variance, got {self.kind!r}")
+        if self.kind != "none" and group_size < 2:
+            raise RolloutConfigError(
+                f"{key}.kind={self.kind} compares the members of a group, but rollout.group_size={group_size}: "
+                "a group of one has no spread (use group_size >= 2, or kind: none)"
+            )
+        if self.tolerance < 0:
+            raise RolloutConfigError(f"{key}.tolerance must be >= 0, got {self.tolerance}")
+        if not 0 < self.top_p <= 1:
+            raise RolloutConfigError(f"{key}.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_extra_groups < 0:
+            raise RolloutConfigError(f"{key}.max_extra_groups must be >= 0, got {self.max_extra_groups}")
+
+    def build(self) -> GroupFilter:
+        """The filter object for this config: chosen once, here."""
+        if self.kind == "zero_variance":
+            return ZeroVarianceFilter(self.tolerance, self.max_extra_groups)
+        if self.kind == "top_p_variance":
+            return TopPVarianceFilter(self.top_p, self.tolerance)
+        return GroupFilter(self.tolerance)
+
+
+def scores(group: Group) -> list[float]:
+    return [episode.score for episode in group.episodes]
+
+
+def spread(group: Group) -> float:
+    """max - min of the members' scores (0 for a flat group)."""
+    values = scores(group)
+    return max(values) - min(values) if values else 0.0
+
+
+class GroupFilter:
+    """Keeps every group (``kind: none``); the base of the others. One instance serves a whole run."""
+
+    def __init__(self, tolerance: float = 1e-6) -> None:
+        self.tolerance = tolerance
+
+    def to_play(self, needed: int) -> int:
+        """Groups to collect before choosing (more than ``needed`` when the filter over-samples)."""
+        return needed
+
+    def max_extra(self, needed: int) -> int:
+        """Replacement groups a batch may play beyond ``to_play`` before it is completed as it is."""
+        return 0
+
+    def accepts(self, group: Group) -> bool:
+        """Decide on one complete group as it arrives."""
+        return True
+
+    def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
+        """The batch's ``needed`` groups from everything collected, and the rest (which are filtered)."""
+        ranked = list(kept) + sorted(rejected, key=spread, reverse=True)  # least flat rejected first
+        return ranked[:needed], ranked[needed:]
+
+    def flat(self, group: Group) -> bool:
+        return spread(group) <= self.tolerance
+
+
+class ZeroVarianceFilter(GroupFilter):
+    def __init__(self, tolerance: float, max_extra_groups: int) -> None:
+        super().__init__(tolerance)
+        self.max_extra_groups = max_extra_groups
+
+    def max_extra(self, needed: int) -> int:
+        return self.max_extra_groups
+
+    def accepts(self, group: Group) -> bool:
+        return not self.flat(group)
+
+
+class TopPVarianceFilter(GroupFilter):
+    def __init__(self, top_p: float, tolerance: float) -> None:
+        super().__init__(tolerance)
+        self.top_p = top_p
+
+    def to_play(self, needed: int) -> int:
+        return math.ceil(needed / self.top_p - 1e-9)
+
+    def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
+        ranked = sorted([*kept, *rejected], key=lambda g: pstdev(scores(g)), reverse=True)  # stable: ties by arrival
+        return ranked[:needed], ranked[needed:]
+
+
+class GroupSelection:
+    """The groups collected for one batch, as they arrive: what the batch keeps, and whether to play more."""
+
+    def __init__(self, group_filter: GroupFilter, needed: int) -> None:
+        self.filter, self.needed = group_filter, needed
+        self.target = group_filter.to_play(needed)
+        self.max_extra = group_filter.max_extra(needed)
+        self.kept: list[Group] = []
+        self.rejected: list[Group] = []
+
+    def offer(self, group: Group) -> None:
+        (self.kept if self.filter.accepts(group) else self.rejected).append(group)
+
+    @property
+    def missing(self) -> int:
+        """Groups still to collect: 0 once ``target`` groups passed the filter, or once the batch has played all
+        it may (``target + max_extra``; always at least ``needed``, so the batch can be completed)."""
+        budget_left = self.target + self.max_extra - len(self.kept) - len(self.rejected)
+        return max(0, min(self.target - len(self.kept), budget_left))
+
+    def result(self) -> tuple[list[Group], list[Group], dict[str, float]]:
+        """``(batch groups, filtered groups, rollout/ metrics)``."""
+        chosen, filtered = self.filter.choose(self.kept, self.rejected, self.needed)
+        collected = [*chosen, *filtered]
+
+        def flat_share(groups: Sequence[Group]) -> float:
+            return sum(self.filter.flat(g) for g in groups) / len(groups) if groups else 0.0
+
+        metrics = {
+            "rollout/groups_filtered": float(len(filtered)),
+            "rollout/extra_groups": float(len(collected) - self.needed),
+            "rollout/flat_group_share_before_filter": flat_share(collected),
+            "rollout/flat_group_share": flat_share(chosen),
+        }
+        return chosen, filtered, metrics

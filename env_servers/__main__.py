@@ -23,14 +23,43 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token from --token, --token-file or ROLL_ENV_TOKEN (in that order; None = no authentication).
+
+    A source that is given but yields no usable token is an error, never a quiet fallback to serving without
+    authentication: an empty or unreadable token file must not open the server to everyone."""
+    from env_servers.server.guards import token_problem
+
+    if args.token is not None and args.token_file is not None:
+        raise ValueError("give --token or --token-file, not both")
+    if args.token_file is not None:
+        try:
+            token, source = Path(args.token_file).read_text().strip(), f"--token-file {args.token_file}"
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--token-file {args.token_file}: cannot read the token ({exc})") from exc
+    elif args.token is not None:
+        token, source = args.token.strip(), "--token"
+    elif "ROLL_ENV_TOKEN" in os.environ:
+        token, source = os.environ["ROLL_ENV_TOKEN"].strip(), "ROLL_ENV_TOKEN"
+    else:
+        return None
+    problem = token_problem(token)
+    if problem:
+        raise ValueError(f"{source}: the token {problem}; refusing to serve without authentication by accident")
+    return token
+
+
 def _serve(args: argparse.Namespace) -> int:
     from env_servers.server import ServerConfig, serve_forever
 
+    token = _token(args)
     _import_plugins(args.imports)
     for env_id in args.envs:
         get_env(env_id)  # unknown ids fail here, naming the known ones
-    token = args.token or (Path(args.token_file).read_text().strip() if args.token_file else None)
-    token = token or os.environ.get("ROLL_ENV_TOKEN") or None
+    if token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("env_servers").warning(
+            "serving on %s without a bearer token: anyone who can reach the port can use it", args.host
+        )
     config = ServerConfig(
         env_ids=tuple(args.envs),
         host=args.host,
@@ -38,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         session_ttl_s=args.session_ttl,
         max_action_bytes=args.max_action_bytes,
+        max_message_bytes=args.max_message_bytes,
         workers=args.workers,
         drain_seconds=args.drain_seconds,
         token=token,
@@ -55,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             "server_id": server.table.server_id,  # type: ignore[attr-defined]
             "pid": os.getpid(),
             "tls": config.tls_cert is not None,
+            "token": config.token is not None,
         }
         print(json.dumps(line), flush=True)
 
@@ -129,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-sessions", type=int, default=4096, help="capacity; more gives RESOURCE_EXHAUSTED")
     serve.add_argument("--session-ttl", type=float, default=600.0, help="seconds before an idle session is closed")
     serve.add_argument("--max-action-bytes", type=int, default=65536, help="larger action texts are refused")
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help="largest request gRPC reads (larger: RESOURCE_EXHAUSTED, unread); "
+        "default 256 * (max-action-bytes + 1024) + 1 MiB, room for a full BatchStep",
+    )
     serve.add_argument("--workers", type=int, default=4, help="threads running env code")
     serve.add_argument("--drain-seconds", type=float, default=10.0, help="grace period on SIGTERM")
     serve.add_argument("--token", help="require 'authorization: Bearer TOKEN' (or set ROLL_ENV_TOKEN)")
-    serve.add_argument("--token-file", help="read the bearer token from a file")
+    serve.add_argument("--token-file", help="read the bearer token from a file (empty or unreadable: an error)")
     serve.add_argument("--tls-cert", help="PEM certificate chain (enables TLS, with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key")
     serve.add_argument("--seed", type=int, help="seed for server-drawn episode seeds (unseeded Resets)")

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import signal
 import threading
@@ -16,18 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from env_servers.server.guards import SERVICE_NAME, DecodeGuard, TokenInterceptor, receive_limit, token_problem
 from env_servers.server.service import EnvService
 from env_servers.server.sessions import SessionTable
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 
 log = logging.getLogger("env_servers")
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
+SEND_LIMIT_BYTES = 16 * 1024 * 1024  # answers (observations) are not bounded by the action size
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -42,7 +40,7 @@ class ServerConfig:
     max_sessions: int = 4096
     session_ttl_s: float = 600.0
     max_action_bytes: int = 65536
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: int | None = None  # receive limit; None = `receive_limit(max_action_bytes)`
     workers: int = 4
     drain_seconds: float = 10.0
     token: str | None = None
@@ -58,67 +56,19 @@ class ServerConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.session_ttl_s <= 0:
             raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
+        if self.max_action_bytes < 1:
+            raise ValueError(f"max_action_bytes must be >= 1, got {self.max_action_bytes}")
+        if self.max_message_bytes is not None and self.max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
+        if self.token is not None and (problem := token_problem(self.token)):
+            raise ValueError(f"token {problem}; give a real token, or None to serve without authentication")
 
-
-class _TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on EnvService calls (health and reflection stay open)."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        if not details.method.startswith(f"/{SERVICE_NAME}/"):
-            return await continuation(details)
-        given = dict(details.invocation_metadata or ()).get("authorization", "")
-        given = given.encode() if isinstance(given, str) else given
-        if hmac.compare_digest(given, self._expected):
-            return await continuation(details)
-        handler = await continuation(details)
-
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-        make = (
-            grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
-        )
-        return make(
-            deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
-
-
-class _Malformed:
-    """Stands in for a request whose bytes are not a valid message, so the handler can refuse it cleanly."""
-
-    def __init__(self, type_name: str, error: Exception) -> None:
-        self.message = f"request is not a valid {type_name} message: {error}"
-
-
-class _DecodeGuard(grpc.aio.ServerInterceptor):
-    """Undecodable unary requests get INVALID_ARGUMENT (grpc's default is UNKNOWN plus a logged traceback)."""
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        handler = await continuation(details)
-        if handler is None or handler.request_streaming or not details.method.startswith(f"/{SERVICE_NAME}/"):
-            return handler
-        decode, behaviour = handler.request_deserializer, handler.unary_unary
-        type_name = details.method.rsplit("/", 1)[-1] + "Request"
-
-        def safe_decode(data: bytes) -> Any:
-            try:
-                return decode(data)
-            except DecodeError as exc:
-                return _Malformed(type_name, exc)
-
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, _Malformed):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            return await behaviour(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded, request_deserializer=safe_decode, response_serializer=handler.response_serializer
-        )
+    @property
+    def receive_bytes(self) -> int:
+        """The largest request message the server reads (larger ones get RESOURCE_EXHAUSTED from gRPC)."""
+        return self.max_message_bytes or receive_limit(self.max_action_bytes)
 
 
 class EnvServer:
@@ -144,12 +94,13 @@ class EnvServer:
 
     async def start(self) -> None:
         cfg = self.config
-        interceptors: list[grpc.aio.ServerInterceptor] = [_DecodeGuard()]
-        if cfg.token:
-            interceptors.insert(0, _TokenInterceptor(cfg.token))
+        # The token check comes first: a refused call is answered before anything reads or decodes its body.
+        interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard(cfg.max_action_bytes)]
+        if cfg.token is not None:
+            interceptors.insert(0, TokenInterceptor(cfg.token))
         options = [
-            ("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.receive_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes or SEND_LIMIT_BYTES),
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)

@@ -215,10 +215,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 jobs.release()
 
         async def read() -> None:
-            async for req in request_iterator:
-                waiting.append(req)
+            try:
+                async for req in request_iterator:
+                    waiting.append(req)
+                    arrived.set()
+            finally:  # however reading ends (end of input, a broken call), the dispatcher must wake to finish
                 arrived.set()
-            arrived.set()
 
         async def dispatch(reader: asyncio.Task[None]) -> None:
             while True:
@@ -248,6 +250,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         finally:
             reader.cancel()
             dispatcher.cancel()
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # the call ends with a status (what came before it was answered)
 
 
 __all__ = ["EnvService", "PROTOCOL_VERSION"]

@@ -40,6 +40,8 @@ class EnvClient:
         tls_server_name: str | None = None,
         max_message_bytes: int = 16 * 1024 * 1024,
     ) -> None:
+        if token and not all(33 <= ord(ch) <= 126 for ch in token):  # gRPC would fail every call, obscurely
+            raise ValueError("token: a bearer token is printable ASCII without spaces or line breaks")
         self.address = address
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -49,6 +49,22 @@ class NoEndpointAvailable(EpisodeFailed):
         super().__init__(grpc.StatusCode.UNAVAILABLE, detail)
 
 
+REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+
+class EndpointRefused(NoEndpointAvailable):
+    """An endpoint refused this client's credentials (UNAUTHENTICATED or PERMISSION_DENIED).
+
+    Raised by `EnvPool.start` as soon as an endpoint answers so: waiting would not change the token, so the
+    caller is told at once which endpoint refused and why, instead of "not reachable" after the start timeout.
+    """
+
+    def __init__(self, code: grpc.StatusCode, detail: str, *, endpoint: str) -> None:
+        hint = "the bearer token is missing or wrong" if code == grpc.StatusCode.UNAUTHENTICATED else "not allowed"
+        EpisodeFailed.__init__(self, code, f"env endpoint {endpoint} refused this client: {hint} ({detail})")
+        self.endpoint = endpoint
+
+
 class EnvOutage(NoEndpointAvailable):
     """Every endpoint has been down (unreachable, ejected or draining) for longer than the pool waits out.
 

@@ -31,7 +31,14 @@ from grpc_health.v1 import health_pb2
 
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.envs.client import EnvClient
-from roll_lightning.envs.errors import EnvOutage, EpisodeFailed, NoEndpointAvailable, status_code
+from roll_lightning.envs.errors import (
+    REFUSED,
+    EndpointRefused,
+    EnvOutage,
+    EpisodeFailed,
+    NoEndpointAvailable,
+    status_code,
+)
 from roll_lightning.envs.local import LocalServer, launch_local_server
 from roll_lightning.envs.session import EnvSession, new_request_id
 
@@ -156,7 +163,10 @@ class EnvPool:
         self.endpoints = [Endpoint(a, EnvClient(a, **self._client_kwargs)) for a in addresses]
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
         while True:  # servers may still be starting or loading (NOT_SERVING): wait for the first one
-            await asyncio.gather(*(self._check(ep) for ep in self.endpoints))
+            checks = await asyncio.gather(*(self._check(ep) for ep in self.endpoints), return_exceptions=True)
+            if failed := next((c for c in checks if isinstance(c, BaseException)), None):
+                await self.close()  # e.g. EndpointRefused: a wrong token does not fix itself, so say so now
+                raise failed
             if any(ep.accepting for ep in self.endpoints):
                 break
             if asyncio.get_running_loop().time() >= deadline:
@@ -201,6 +211,8 @@ class EnvPool:
                 self.stats["readmissions"] += 1
             ep.failures = 0
         except EpisodeFailed as err:
+            if err.code in REFUSED and not self._tasks:  # still in `start`: credentials are a config error
+                raise EndpointRefused(err.code, err.detail, endpoint=ep.address) from err
             ep.failures += 1
             ep.accepting = False
             ep.last_error = str(err)

@@ -60,6 +60,12 @@ class AgentRLModule(L.LightningModule):
         self.algorithm = algorithm
         self.optim = optim
         self.param_dtype = dtype
+        if rollout_steps is not None and rollout_steps < 1:  # a run of 0 or -1 steps would train one and exit 0
+            raise TrainingConfigError(
+                f"model.rollout_steps must be >= 1, or null (trainer.max_steps decides), got {rollout_steps}"
+            )
+        if dtype not in ("float32", "bfloat16"):
+            raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {dtype!r}")
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
         self.automatic_optimization = False
@@ -84,8 +90,6 @@ class AgentRLModule(L.LightningModule):
             return
         from transformers import AutoModel
 
-        if self.param_dtype not in ("float32", "bfloat16"):
-            raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {self.param_dtype!r}")
         self.actor = self._load(self.model_path)
         self.actor.train()  # dropout stays whatever the config says (0 for the usual chat models)
         if self.algorithm.gradient_checkpointing:

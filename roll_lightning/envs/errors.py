@@ -73,6 +73,11 @@ class EnvOutage(NoEndpointAvailable):
     """
 
 
+class EpisodesKeepFailing(RuntimeError):
+    """``rollout.max_failed_groups_in_a_row`` groups in a row were dropped because their episodes kept failing
+    (an env that crashes on every seed, a server that keeps timing out): the rollout stops instead of spinning."""
+
+
 def status_code(number: int) -> grpc.StatusCode:
     """The `grpc.StatusCode` for a numeric code carried in a per-item Status."""
     for code in grpc.StatusCode:

@@ -257,8 +257,8 @@ class EnvPool:
             for ep in self.endpoints
         )
         return (
-            f"every env endpoint has been down for {down_s:.0f}s, longer than outage_timeout_s="
-            f"{self.outage_timeout_s:g}: {states}"
+            f"every env endpoint has been down for {down_s:.0f}s, longer than the outage timeout "
+            f"({self.outage_timeout_s:g}s, data.envs.outage_timeout_s): {states}"
         )
 
     def _eject(self, ep: Endpoint, err: EpisodeFailed) -> None:

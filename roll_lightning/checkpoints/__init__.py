@@ -1,0 +1,26 @@
+"""Checkpoints that resume where a run stopped and are never used damaged.
+
+`StepCheckpoint` writes ``<default_root_dir>/checkpoints/last.ckpt`` after every rollout step (and keeps the step
+before as ``previous.ckpt``), `ChecksummedCheckpointIO` makes each write atomic and checksummed and verifies it on
+load, and `resolve_ckpt_path` turns ``--ckpt_path`` into a verified file (or one clear `CheckpointError`).
+"""
+
+from roll_lightning.checkpoints.callback import PREVIOUS, StepCheckpoint, checkpoint_dir
+from roll_lightning.checkpoints.integrity import CheckpointError, Stamp, read_stamp, verify, write_checkpoint
+from roll_lightning.checkpoints.io import ChecksummedCheckpointIO, use_checksummed_io
+from roll_lightning.checkpoints.resume import LAST, resolve_ckpt_path
+
+__all__ = [
+    "LAST",
+    "PREVIOUS",
+    "CheckpointError",
+    "ChecksummedCheckpointIO",
+    "Stamp",
+    "StepCheckpoint",
+    "checkpoint_dir",
+    "read_stamp",
+    "resolve_ckpt_path",
+    "use_checksummed_io",
+    "verify",
+    "write_checkpoint",
+]

@@ -1,0 +1,228 @@
+"""Checkpoint files that are complete or absent, and whose damage is found before they are used.
+
+A checkpoint is written to a hidden temporary file beside its name, synced and renamed over it: a kill or a full
+disk at any moment leaves the previous file whole (the partial temporary is removed, or left hidden and removed
+by the next save). Its SHA-256 is stored inside the file, as the comment of the zip archive that ``torch.save``
+writes (a field every zip reader skips, so ``torch.load`` reads the file unchanged): file and checksum are one
+rename, so they can never disagree the way a sidecar file written next to it could after a kill.
+
+`verify` tells an empty, truncated, foreign or altered file apart and raises `CheckpointError` with one line
+naming the file, what is wrong and which checkpoint beside it is intact, before ``torch.load`` sees it (which
+reports those as a bare ``EOFError``, "file is corrupted" without the path, advice to load unsafely, or nothing
+at all for altered bytes). Files written without a stamp (before this format, or by other tools) are checked for
+completeness only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MARKER = b"roll_lightning-checkpoint "
+ZIP_START = b"PK\x03\x04"
+END_RECORD = b"PK\x05\x06"  # zip "end of central directory": 22 bytes, the last 2 the comment length
+END_RECORD_SIZE = 22
+CHUNK = 1 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or used; the message is the whole story, on one line."""
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a checkpoint carries about itself: the digest of its torch bytes and the step it holds."""
+
+    sha256: str
+    global_step: int
+
+    def encode(self) -> bytes:
+        return MARKER + json.dumps({"sha256": self.sha256, "global_step": self.global_step}).encode()
+
+    @classmethod
+    def decode(cls, comment: bytes) -> Stamp:
+        fields = json.loads(comment[len(MARKER) :])
+        return cls(sha256=str(fields["sha256"]), global_step=int(fields["global_step"]))
+
+
+def _real_cause(err: BaseException) -> BaseException:
+    """What stopped a write: torch's zip writer raises its own "unexpected pos" over it on the way out, which would
+    turn a full disk into a riddle and a signal handler's ``SystemExit`` into a crash. A process stop first, then
+    an OS error, else ``err``."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__context__
+    stops = [e for e in chain if not isinstance(e, Exception)]
+    return (stops or [e for e in chain if isinstance(e, OSError)] or [err])[0]
+
+
+def temporary_path(path: Path) -> Path:
+    """Where `write_checkpoint` builds ``path``: hidden, and not a ``*.ckpt`` name anything would resume from."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
+    """Save ``checkpoint`` at ``path`` atomically, stamped with its checksum; on any failure ``path`` is as it was
+    and nothing partial stays beside it.
+
+    torch writes the temporary by its name, with its own C file, not through a Python file object: a signal
+    handler that raises (the rollout's SIGTERM handler does) may then run inside torch's write callback, where
+    torch masks the ``SystemExit`` with its own error (1 run in 4 exited with status 1 instead of 143 in a drill)
+    or loses it. The digest is read back instead (from the page cache, just written)."""
+    temporary = temporary_path(path)
+    try:
+        try:
+            torch.save(checkpoint, str(temporary))
+        except BaseException as err:
+            cause = _real_cause(err)
+            if cause is err:
+                raise
+            raise cause from None
+        size = temporary.stat().st_size
+        if _comment(temporary) != b"":
+            raise RuntimeError("torch.save did not end its archive with an empty-comment end record")
+        stamp = Stamp(_digest(temporary, size - 2), int(checkpoint.get("global_step", -1)))
+        comment = stamp.encode()
+        with open(temporary, "r+b") as file:
+            file.seek(size - 2)
+            file.write(len(comment).to_bytes(2, "little") + comment)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return stamp
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (a power cut could otherwise bring back the old name)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_verified: dict[tuple[str, int, int, int], Stamp | None] = {}
+
+
+def verify(path: Path) -> Stamp | None:
+    """Raise `CheckpointError` unless ``path`` is a whole checkpoint whose bytes match its stamp; the stamp, or
+    None for an unstamped file (complete, but not checkable further). A file verified before and not changed
+    since (same inode, size and mtime) is not hashed again: the CLI checks ``--ckpt_path`` before any work
+    starts, and the load checks it once more."""
+    try:
+        info = path.stat()
+        key = (str(path.resolve()), info.st_ino, info.st_size, info.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _verified:
+        return _verified[key]
+    problem, stamp = _inspect(path)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} {problem}; {describe_intact_sibling(path)}")
+    if key is not None:
+        _verified[key] = stamp
+    return stamp
+
+
+def read_stamp(path: Path) -> Stamp | None:
+    """The stamp of a checkpoint that looks whole from its end (cheap: the digest is not checked)."""
+    try:
+        comment = _comment(path)
+    except OSError:
+        return None
+    if comment is None or not comment.startswith(MARKER):
+        return None
+    try:
+        return Stamp.decode(comment)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _inspect(path: Path) -> tuple[str | None, Stamp | None]:
+    """What is wrong with ``path`` (None: nothing), and its stamp."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            start = file.read(len(ZIP_START))
+        comment = _comment(path)
+    except FileNotFoundError:
+        return "does not exist", None
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})", None
+    if size == 0:
+        return "is empty (0 bytes)", None
+    if start != ZIP_START:
+        return "is not a checkpoint: its bytes are not the zip archive torch.save writes", None
+    if comment is None:
+        return f"is truncated: its {size} bytes end before the archive's end record", None
+    if not comment.startswith(MARKER):
+        return None, None
+    try:
+        stamp = Stamp.decode(comment)
+    except (ValueError, KeyError, TypeError):
+        return "is damaged: its checksum stamp cannot be read", None
+    if _digest(path, size - len(comment) - 2) != stamp.sha256:
+        return "is damaged: its bytes no longer match the SHA-256 written with it", stamp
+    return None, stamp
+
+
+def _comment(path: Path) -> bytes | None:
+    """The zip comment of ``path``, or None when no end record closes the file (truncated or not a zip)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        file.seek(max(0, size - END_RECORD_SIZE - 0xFFFF))
+        tail = file.read()
+    at = tail.rfind(END_RECORD)
+    while at >= 0:
+        length = int.from_bytes(tail[at + 20 : at + 22], "little")
+        if at + END_RECORD_SIZE + length == len(tail):
+            return tail[at + END_RECORD_SIZE :]
+        at = tail.rfind(END_RECORD, 0, at)
+    return None
+
+
+def _digest(path: Path, body: int) -> str:
+    """SHA-256 of the first ``body`` bytes plus the empty comment length, i.e. of the file as torch wrote it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        left = body
+        while left > 0:
+            chunk = file.read(min(CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+    digest.update(b"\0\0")
+    return digest.hexdigest()
+
+
+def describe_intact_sibling(path: Path) -> str:
+    """The newest other checkpoint in ``path``'s folder that verifies, as the end of an error message."""
+    best: tuple[int, Path] | None = None
+    for other in sorted(path.parent.glob("*.ckpt")):
+        if other.resolve() == path.resolve():
+            continue
+        if other.is_dir():  # a sharded checkpoint: whole once Lightning wrote its meta.pt (no step known)
+            if (other / "meta.pt").is_file() and best is None:
+                best = (-1, other)
+            continue
+        problem, stamp = _inspect(other)
+        step = stamp.global_step if stamp is not None else -1
+        if problem is None and (best is None or step > best[0]):
+            best = (step, other)
+    if best is None:
+        return f"no intact checkpoint beside it in {path.parent}"
+    step_note = f" (global step {best[0]})" if best[0] >= 0 else ""
+    return f"{best[1]}{step_note} is intact: resume from it with --ckpt_path {best[1]}"

@@ -1,0 +1,91 @@
+"""`resolve_ckpt_path`: what ``--ckpt_path`` means for a run, decided before any server or model starts.
+
+The rules (README, "Resume"):
+
+- ``fit --ckpt_path last`` resumes from ``<default_root_dir>/checkpoints/last.ckpt``, after verifying it. When the
+  run has no checkpoint at all it says so in one line and starts at step 0, so a job script can always pass it.
+  When that folder has no ``last.ckpt`` but checkpoints exist elsewhere under the root (the layout before
+  checkpoints moved there, or a ``previous.ckpt`` alone) it refuses and names the newest: starting over beside
+  them would not be what was asked.
+- ``fit`` without ``--ckpt_path`` into a root whose checkpoint folder is not empty refuses: it would overwrite the
+  earlier run's ``last.ckpt``.
+- ``validate --ckpt_path last`` with no checkpoint refuses (evaluating the initial weights was not asked for).
+- Any other file path is verified as is; Lightning's other special values pass through.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from roll_lightning.checkpoints.callback import checkpoint_dir
+from roll_lightning.checkpoints.integrity import CheckpointError, describe_intact_sibling, read_stamp, verify
+
+LAST = "last.ckpt"
+SHARDED_COMPLETE = "meta.pt"  # what Lightning's ModelParallelStrategy writes after every rank's shards
+PASS_THROUGH = ("best", "hpc")
+
+
+def resolve_ckpt_path(requested: str | None, trainer: L.Trainer, fitting: bool) -> str | None:
+    """The checkpoint file to start from (None: none), or `CheckpointError` saying why there is none to use."""
+    directory = checkpoint_dir(trainer)
+    if requested is None:
+        if fitting:
+            _refuse_to_overwrite(directory)
+        return None
+    if requested == "last":
+        return _resolve_last(directory, Path(trainer.default_root_dir), fitting)
+    if requested in PASS_THROUGH or "://" in requested or requested.startswith("registry:"):
+        return requested
+    _check(Path(requested))
+    return requested
+
+
+def _check(path: Path) -> None:
+    """Verify a checkpoint file; a sharded checkpoint (a folder) is complete once Lightning wrote its meta.pt."""
+    if not path.is_dir():
+        verify(path)
+    elif not (path / SHARDED_COMPLETE).is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: a sharded checkpoint folder without {SHARDED_COMPLETE} (its write "
+            f"was interrupted); {describe_intact_sibling(path)}"
+        )
+
+
+def _resolve_last(directory: Path, root: Path, fitting: bool) -> str | None:
+    last = directory / LAST
+    if last.exists():
+        _check(last)
+        return str(last)
+    others = [p for p in root.rglob("*.ckpt")] if root.is_dir() else []
+    if others:
+        newest = max(others, key=lambda p: p.stat().st_mtime)
+        raise CheckpointError(
+            f"--ckpt_path last: {directory} has no {LAST}, but {root} holds {len(others)} other checkpoint(s), the "
+            f"newest {newest}: resume from it with --ckpt_path {newest}, or start anew in another "
+            "--trainer.default_root_dir"
+        )
+    if not fitting:
+        raise CheckpointError(f"--ckpt_path last: there is no checkpoint in {directory} to evaluate")
+    _notice(f"--ckpt_path last: no checkpoint in {directory} yet; starting a new run at step 0")
+    return None
+
+
+def _refuse_to_overwrite(directory: Path) -> None:
+    existing = sorted(directory.glob("*.ckpt")) if directory.is_dir() else []
+    if not existing:
+        return
+    stamp = read_stamp(directory / LAST)
+    held = f" ({LAST}: global step {stamp.global_step})" if stamp is not None else ""
+    raise CheckpointError(
+        f"{directory} holds the checkpoints of an earlier run{held}, which a new run would overwrite: resume it "
+        "with --ckpt_path last, or start a new run in another --trainer.default_root_dir"
+    )
+
+
+@rank_zero_only
+def _notice(message: str) -> None:
+    print(f"roll_lightning: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,101 @@
+"""Ctrl-C (SIGINT) stops ``fit`` the way SIGTERM does: exit 130, nothing half done, and the run resumes.
+
+Before, Lightning turned the `KeyboardInterrupt` into exit status 1, the rollout's task was left on a closed
+event loop ("Task was destroyed but it is pending!"), and nothing said how to resume.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import SLOW_ENV, TINY, children, dumped_groups, run_cli, start_cli, wait_for_file
+
+from roll_lightning.exits import entry, sigint_as_sigterm
+
+STEPS = 4
+ARGS = [
+    "--config", TINY, "--model.rollout_steps", str(STEPS), "--trainer.logger", "false", *SLOW_ENV,
+    "--trainer.callbacks+=roll_lightning.callbacks.TrajectoryDump", "--trainer.callbacks.every_n_steps", "1",
+    "--trainer.callbacks.max_episodes", "0",
+]  # fmt: skip
+
+
+def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_path: Path) -> None:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (the local env server gets it too),
+    while a slow rollout is in flight."""
+    run = tmp_path / "run"
+    args = ["fit", *ARGS, "--trainer.default_root_dir", str(run)]
+    proc = start_cli(*args, cwd=tmp_path, own_session=True)
+    try:
+        assert wait_for_file(run, "step_000001.jsonl", proc), "the run ended before its first step"
+        servers = children(proc.pid)
+        time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert "SIGINT: abandoned the rollout in flight" in stderr, stderr[-3000:]
+    assert stderr.rstrip().endswith("roll_lightning: stopped by SIGINT; resume with --ckpt_path last"), stderr[-3000:]
+    for noise in ("Task was destroyed", "Traceback", "KeyboardInterrupt"):
+        assert noise not in stderr, stderr[-3000:]
+    assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)  # the env server was stopped
+    import torch
+
+    done_steps = torch.load(next(run.rglob("last.ckpt")), weights_only=False)["rollout_steps"]
+    assert done_steps == 1 == len(dumped_groups(run))  # step 2 was not finished, so not trained on or saved
+
+    resumed = run_cli(*args, "--ckpt_path", "last", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    groups = dumped_groups(run)
+    assert sorted(groups) == list(range(1, STEPS + 1))
+    played = [g for step in sorted(groups) for g in groups[step]]
+    assert len(played) == len(set(played)) == STEPS * 2  # every group once: none repeated, none skipped
+
+
+def test_sigint_goes_to_the_sigterm_handler_or_interrupts_when_there_is_none() -> None:
+    """In-process: with a SIGTERM handler (a run's), SIGINT is handed to it; with none (parsing, loading), it is a
+    KeyboardInterrupt. Outside the block, SIGINT's handler is what it was."""
+    before = signal.getsignal(signal.SIGINT)
+    seen: list[int] = []
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with sigint_as_sigterm() as received:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0)  # the handler runs at the next bytecode boundary
+        assert seen == [signal.SIGINT] and received == [signal.SIGINT]
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with pytest.raises(KeyboardInterrupt), sigint_as_sigterm():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+class _CtrlCDuringImport(importlib.abc.MetaPathFinder):
+    """A fake, named so: Ctrl-C while ``roll_lightning.cli`` imports torch and Lightning (seconds, in real runs)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> None:
+        if name == "roll_lightning.cli":
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_the_cli_still_imports_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delitem(sys.modules, "roll_lightning.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_CtrlCDuringImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as stop:
+        entry()
+    assert stop.value.code == 128 + signal.SIGINT
+    assert capsys.readouterr().err == "roll_lightning: stopped by SIGINT; resume with --ckpt_path last\n"

@@ -1,0 +1,91 @@
+"""Running ``python -m roll_lightning`` as users do: a subprocess, with the tiny model cached under the test's folder.
+
+- `cli_env`: the environment (model cache under ``tmp``, one OpenMP thread, ``tests/`` importable so
+  ``--import support.plugin_envs`` and ``-m support.*`` work).
+- `run_cli`: run it to the end; `start_cli`: start it (to signal it), optionally in its own session so a test can
+  signal its whole process group, as a terminal's Ctrl-C does.
+- `wait_for_file`: wait (a hang guard, not a timing) until a run wrote a file or exited.
+- `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
+- `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TESTS = ROOT / "tests"
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+SLOW_ENV = [
+    "--data.envs.local_args", '["--import", "support.plugin_envs"]', "--data.rollout.env_id", "slow",
+    "--data.rollout.env_config", '{"max_steps": 2, "delay_s": 0.5}',
+]  # fmt: skip
+
+
+def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {
+        **os.environ,
+        "ROLL_LIGHTNING_CACHE": str(tmp / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": path,
+        **extra,
+    }
+
+
+def run_cli(
+    *args: str, cwd: Path, timeout: int = 600, module: str = "roll_lightning", **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> <args>`` in ``cwd`` to the end (``module`` may be a wrapper in ``tests/support``)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=cli_env(cwd, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_cli(*args: str, cwd: Path, own_session: bool = False) -> subprocess.Popen[str]:
+    """Start ``python -m roll_lightning <args>`` with its stderr piped (``own_session``: its own process group)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "roll_lightning", *args],
+        cwd=cwd,
+        env=cli_env(cwd),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=own_session,
+    )
+
+
+def wait_for_file(root: Path, pattern: str, proc: subprocess.Popen[str]) -> bool:
+    """Until a file matching ``pattern`` exists under ``root`` (True) or ``proc`` exited (False)."""
+    for _ in range(30_000):  # a hang guard, not a timing: pytest-timeout bounds the test
+        if list(root.rglob(pattern)):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.02)
+    return False
+
+
+def children(pid: int) -> set[int]:
+    """The process ids of ``pid``'s direct children (its local env servers)."""
+    return {int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()}
+
+
+def dumped_groups(root: Path) -> dict[int, list[str]]:
+    """Step number -> the sorted group ids of that step's episodes (``TrajectoryDump``'s ``step_*.jsonl``)."""
+    out: dict[int, list[str]] = {}
+    for path in root.rglob("step_*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        out[int(path.stem.split("_")[1])] = sorted({e["group"] for e in lines})
+    return out

@@ -43,21 +43,33 @@ def read_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def run_one(estimator: str, minutes: float, eval_every: int, out: Path, extra: list[str]) -> dict[str, Any]:
-    run_dir = out / estimator
-    cmd = [
+def fit_command(name: str, minutes: float, eval_every: int, out: Path, args: list[str]) -> list[str]:
+    """The recipe's fit command for one variant (``args``: its own settings), ended by the time budget."""
+    return [
         sys.executable, "-m", "roll_lightning", "fit", "--config", str(CONFIG),
-        "--model.algorithm.estimator", estimator,
         "--trainer.max_time", f"00:00:{int(minutes):02d}:{round(minutes % 1 * 60):02d}",
         "--trainer.val_check_interval", str(eval_every),
-        "--trainer.default_root_dir", str(run_dir),
-        *extra,
+        "--trainer.default_root_dir", str(out / name),
+        *args,
     ]  # fmt: skip
+
+
+def start(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "ROLL_STEPS": "100000", "OMP_NUM_THREADS": "1"}  # the time budget ends the run
+    with log_path.open("w") as log:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_one(estimator: str, minutes: float, eval_every: int, out: Path, extra: list[str]) -> dict[str, Any]:
+    cmd = fit_command(estimator, minutes, eval_every, out, ["--model.algorithm.estimator", estimator, *extra])
     started = time.perf_counter()
-    with (out / f"{estimator}.log").open("w") as log:
-        subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
-    wall = time.perf_counter() - started
+    if start(cmd, out / f"{estimator}.log").wait():
+        raise SystemExit(f"{estimator}: the run failed; see {out / f'{estimator}.log'}")
+    return summarise(estimator, cmd, out / estimator, time.perf_counter() - started)
+
+
+def summarise(estimator: str, cmd: list[str], run_dir: Path, wall: float) -> dict[str, Any]:
+    """One run's curve and timings, from its metrics.csv."""
     series = read_metrics(run_dir)
     elapsed = dict(series.get("timing/elapsed_s", []))
     # An evaluation logged at step s ran after training step s: it started at that step's elapsed time. The

@@ -6,9 +6,20 @@ ahead of the weights that generated it) and does:
 1. no-grad passes: the old policy's log-probs (recomputed, or the engine's), the reference model's (KL), the
    critic's values (PPO-GAE);
 2. advantages (`roll_lightning.algorithms.advantages`: GRPO, GiGPO or GAE);
-3. ``ppo_epochs`` x ``mini_batches`` optimiser steps; each mini-batch runs as micro-batches whose losses are
-   weighted by their share of the mini-batch's tokens (or rows), so the gradient does not depend on how rows
-   were split; the policy loss is PPO-clip or GSPO (`roll_lightning.algorithms.losses`).
+3. ``ppo_epochs`` x ``mini_batches`` optimiser steps over the rows as `batch_adjust` left them; each mini-batch
+   runs as micro-batches whose losses are weighted by their share of the mini-batch's tokens (or rows), so the
+   gradient does not depend on how rows were split; the policy loss is PPO-clip or GSPO
+   (`roll_lightning.algorithms.losses`).
+
+A batch that carries no signal (every advantage 0, and no KL, entropy or value term) is not trained on: no
+forward or backward pass, and the optimiser steps are no-ops (no gradients, so AdamW leaves weights and moments
+alone), so Lightning's step count, the checkpoints and the LR schedule go on as for any rollout step. Ranks
+decide together.
+
+Several ranks: each holds its own rows, so their counts differ (step rows, dynamic sampling). Every rank takes
+exactly ``mini_batches`` optimiser steps per epoch, and before each step (and each no-grad pass) the ranks agree
+on the largest micro-batch count; a rank with fewer runs zero-weight passes over one of its rows, because every
+FSDP2/DDP forward and backward is a collective that all ranks must join.
 
 The same module runs single-process, under DDP, and under `ModelParallelStrategy` where `configure_model`
 shards actor, critic and reference with FSDP2 (`fully_shard`), on CPU (gloo) and GPU.
@@ -27,6 +38,7 @@ import torch
 from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
@@ -69,6 +81,7 @@ class AgentRLModule(L.LightningModule):
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
         self.automatic_optimization = False
+        self._adjust = adjuster(algorithm.batch_adjust)
         self.actor: torch.nn.Module | None = None
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
@@ -151,23 +164,31 @@ class AgentRLModule(L.LightningModule):
         """All optimiser steps for one rollout batch; returns ``train/`` metrics."""
         algo = self.algorithm
         out: dict[str, float] = {}
+        opt = self.optimizers()
         with torch.no_grad():
+            values = self._no_grad_values(batch) if self.critic is not None else None
+            advantages, returns = estimate_advantages(batch, self.algorithm, values)
+            silent = _silent_rows(advantages, batch)
+            out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
+            out["train/zero_advantage_share"] = float(silent.float().mean())
+            nothing = bool(silent.all()) and algo.kl_coef == 0 and algo.entropy_coef == 0 and self.critic is None
+            if self._on_every_rank(nothing):
+                return {**out, **self._skip_update(opt)}
             trainer_logp = self._no_grad_logprobs(self.actor, batch) if algo.recompute_old_logprobs else None
             old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
             if trainer_logp is not None:
                 mask = batch.response_mask
                 out["train/logprob_gap"] = masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
             ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
-            values = self._no_grad_values(batch) if self.critic is not None else None
-            advantages, returns = estimate_advantages(batch, self.algorithm, values)
-        out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
+        out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollout_steps)
-        opt = self.optimizers()
+        rows = self._adjust(len(batch), algo.mini_batches, generator)
+        out["train/rows"] = float(len(rows))
         for _epoch in range(algo.ppo_epochs):
-            order = torch.randperm(len(batch), generator=generator)
-            for mini in order.chunk(min(algo.mini_batches, len(batch))):
+            order = rows[torch.randperm(len(rows), generator=generator)]
+            for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(
                     opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values
@@ -181,6 +202,29 @@ class AgentRLModule(L.LightningModule):
         out.update({k: v / steps for k, v in sums.items()})
         out["train/lr"] = opt.param_groups[0]["lr"]
         return out
+
+    def _skip_update(self, opt: Any) -> dict[str, float]:
+        """The optimiser steps of a batch without signal, as no-ops: with every gradient ``None``, AdamW moves
+        no weight and no moment, while Lightning counts the steps (checkpoints and resume stay per step)."""
+        opt.zero_grad(set_to_none=True)
+        for _ in range(self.algorithm.ppo_epochs * self.algorithm.mini_batches):
+            opt.step()
+        self.lr_schedulers().step()
+        return {"train/update_skipped": 1.0, "train/lr": opt.param_groups[0]["lr"]}
+
+    def _on_every_rank(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every rank (all ranks must take the same branch around collectives)."""
+        return self._world_reduce(int(flag), torch.distributed.ReduceOp.MIN) == 1
+
+    def _world_max(self, value: int) -> int:
+        return self._world_reduce(value, torch.distributed.ReduceOp.MAX)
+
+    def _world_reduce(self, value: int, op: Any) -> int:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return value
+        tensor = torch.tensor([value], device=self.device)
+        torch.distributed.all_reduce(tensor, op=op)
+        return int(tensor.item())
 
     def _optimizer_step(
         self,
@@ -201,13 +245,15 @@ class AgentRLModule(L.LightningModule):
         plans = plan_micro_batches(
             lengths, algo.micro_batching, max_tokens=algo.max_tokens_per_micro, micro_batch_size=algo.micro_batch_size
         )
+        plans += [[]] * (self._world_max(len(plans)) - len(plans))  # [] = a zero-weight pass (see the docstring)
         opt.zero_grad()
         sums: dict[str, float] = defaultdict(float)
         for plan in plans:
-            micro_rows = [rows[i] for i in plan]
+            micro_rows = [rows[i] for i in plan] or [0]
             part = trim(batch, micro_rows, pad_to_batch=algo.micro_batching == "fixed")
             width = part.input_ids.shape[1]
             share = (float(part.response_mask.sum()) if token_mean else float(len(micro_rows))) / max(total, 1.0)
+            share = share if plan else 0.0
 
             picked = [_pick(x, micro_rows, width) for x in (old_logp, ref_logp, advantages, returns, old_values)]
             loss, metrics = self._micro_loss(part, *picked)
@@ -279,9 +325,12 @@ class AgentRLModule(L.LightningModule):
         out = torch.zeros_like(batch.behaviour_logprobs)
         lengths = batch.attention_mask.sum(-1).tolist()
         budget = self.algorithm.max_tokens_per_micro
-        for plan in plan_micro_batches(lengths, "token_budget", max_tokens=budget, micro_batch_size=1):
-            values = per_token(trim(batch, plan, pad_to_batch=False))
-            out[plan, : values.shape[1]] = values
+        plans = plan_micro_batches(lengths, "token_budget", max_tokens=budget, micro_batch_size=1)
+        plans += [[]] * (self._world_max(len(plans)) - len(plans))
+        for plan in plans:
+            values = per_token(trim(batch, plan or [0], pad_to_batch=False))
+            if plan:  # an empty plan is a pass other ranks need joined; its result is dropped
+                out[plan, : values.shape[1]] = values
         return out * batch.response_mask
 
     def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
@@ -339,6 +388,11 @@ def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor |
         return None
     x = x[rows]
     return x[:, :width] if x.dim() == 2 else x
+
+
+def _silent_rows(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """``[B]`` bool: rows whose every response token has advantage 0 (they add nothing to a policy gradient)."""
+    return (_tokens(advantages, batch) * batch.response_mask).abs().sum(-1) == 0
 
 
 def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

@@ -33,6 +33,7 @@ from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
+from roll_lightning.rollout.filters import GroupFilterConfig
 from roll_lightning.rollout.scheduler import RolloutScheduler
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class EvalConfig:
             batch_size=self.episodes,
             concurrent_episodes=max(train.concurrent_episodes, self.episodes),
             max_staleness=0,  # start exactly the held-out groups asked for, no run-ahead
+            group_filter=GroupFilterConfig(),  # every held-out start counts, whatever its members scored
             episode=replace(train.episode, sampling=sampling),
         )
 

@@ -16,7 +16,8 @@ new one (a new seed), within a bound.
 When the bound is hit before ``G`` groups pass (nothing carries signal), the batch is completed with the
 rejected groups of largest spread ("least bad"), so every batch has ``G`` groups and every rank the same
 shape; a batch that then has no signal at all is skipped by the update (`AgentRLModule`), not trained on.
-A group's score is its episodes' return (the sum of their rewards), the quantity GRPO normalises.
+A group's score is its episodes' return (the sum of their rewards), the quantity GRPO normalises. Ties are
+broken by group index, never by arrival order, so a resumed run chooses as the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ class GroupFilterConfig:
             score spread).
         tolerance: ``zero_variance``: a group whose scores spread by at most this much counts as flat.
         top_p: ``top_p_variance``: the fraction of played groups kept, in (0, 1].
-        max_extra_groups: ``zero_variance``: groups played per batch to replace rejected ones, at most; then
-            the batch is completed with the least flat rejected groups (never a hang, never an error).
+        max_extra_groups: ``zero_variance``: groups played per batch to replace rejected ones, at most (None =
+            as many as the batch holds, so a batch costs at most twice its rollout); then the batch is completed
+            with the least flat rejected groups (never a hang, never an error).
     """
 
     kind: FilterKind = "none"
     tolerance: float = 1e-6
     top_p: float = 0.5
-    max_extra_groups: int = 32
+    max_extra_groups: int | None = None
 
     def check(self, group_size: int) -> None:
         from roll_lightning.rollout.config import RolloutConfigError
@@ -66,7 +68,7 @@ class GroupFilterConfig:
             raise RolloutConfigError(f"{key}.tolerance must be >= 0, got {self.tolerance}")
         if not 0 < self.top_p <= 1:
             raise RolloutConfigError(f"{key}.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_extra_groups < 0:
+        if self.max_extra_groups is not None and self.max_extra_groups < 0:
             raise RolloutConfigError(f"{key}.max_extra_groups must be >= 0, got {self.max_extra_groups}")
 
     def build(self) -> GroupFilter:
@@ -108,7 +110,7 @@ class GroupFilter:
 
     def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
         """The batch's ``needed`` groups from everything collected, and the rest (which are filtered)."""
-        ranked = list(kept) + sorted(rejected, key=spread, reverse=True)  # least flat rejected first
+        ranked = list(kept) + sorted(rejected, key=lambda g: (-spread(g), g.index))  # least flat rejected first
         return ranked[:needed], ranked[needed:]
 
     def flat(self, group: Group) -> bool:
@@ -116,12 +118,12 @@ class GroupFilter:
 
 
 class ZeroVarianceFilter(GroupFilter):
-    def __init__(self, tolerance: float, max_extra_groups: int) -> None:
+    def __init__(self, tolerance: float, max_extra_groups: int | None) -> None:
         super().__init__(tolerance)
         self.max_extra_groups = max_extra_groups
 
     def max_extra(self, needed: int) -> int:
-        return self.max_extra_groups
+        return needed if self.max_extra_groups is None else self.max_extra_groups
 
     def accepts(self, group: Group) -> bool:
         return not self.flat(group)
@@ -136,7 +138,7 @@ class TopPVarianceFilter(GroupFilter):
         return math.ceil(needed / self.top_p - 1e-9)
 
     def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
-        ranked = sorted([*kept, *rejected], key=lambda g: pstdev(scores(g)), reverse=True)  # stable: ties by arrival
+        ranked = sorted([*kept, *rejected], key=lambda g: (-pstdev(scores(g)), g.index))
         return ranked[:needed], ranked[needed:]
 
 

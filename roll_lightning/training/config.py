@@ -7,6 +7,7 @@ from typing import Literal
 
 Estimator = Literal["grpo", "gigpo", "ppo-gae"]
 PolicyLoss = Literal["ppo", "gspo"]
+BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -93,6 +94,12 @@ class AlgorithmConfig:
         value_coef / value_clip: ppo-gae critic loss weight and clip range.
         ppo_epochs: passes over each rollout batch.
         mini_batches: optimiser steps per epoch (the rollout batch is split into this many parts).
+        batch_adjust: how a batch whose row count does not split into ``mini_batches`` equal parts is adjusted
+            (ROLL's ``batch_adjust_mode``; rows vary with step rows and filtered groups): ``none`` (parts differ
+            by at most one row), ``copy`` (duplicate random rows up to the next multiple), ``delete`` (drop random
+            rows down to the previous one), ``auto`` (copy when at least half a part is missing, else delete) or
+            ``random_sample`` (redraw the batch with replacement at the nearest multiple). Advantages are
+            computed before, so copies never enter group statistics. See `roll_lightning.training.batch_adjust`.
         micro_batching: ``token_budget`` (rows sorted by length, grouped under ``max_tokens_per_micro``, each
             group padded only to its own longest row) or ``fixed`` (``micro_batch_size`` rows in order, padded
             to the batch's longest row). Gradients are the same; the first wastes less compute on padding.
@@ -124,6 +131,7 @@ class AlgorithmConfig:
     value_clip: float = 0.2
     ppo_epochs: int = 1
     mini_batches: int = 1
+    batch_adjust: BatchAdjustMode = "none"
     micro_batching: Literal["token_budget", "fixed"] = "token_budget"
     max_tokens_per_micro: int = 8192
     micro_batch_size: int = 4
@@ -140,6 +148,7 @@ class AlgorithmConfig:
             in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
             "ppo_epochs": self.ppo_epochs >= 1,
             "mini_batches": self.mini_batches >= 1,
+            "batch_adjust": self.batch_adjust in ("none", "copy", "delete", "auto", "random_sample"),
             "micro_batch_size": self.micro_batch_size >= 1,
             "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
             "temperature": self.temperature > 0,

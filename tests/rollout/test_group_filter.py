@@ -7,6 +7,7 @@ rewards every reply with 1.0, so every group it plays is flat: the case where no
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from typing import Any
 
@@ -176,3 +177,32 @@ async def test_top_p_variance_plays_more_groups_and_keeps_the_fraction(pool: Env
     assert len(group_spreads(batch)) == 2
     assert batch.metrics["rollout/groups_filtered"] == 6 and batch.metrics["rollout/extra_groups"] == 6
     assert scheduler.state_dict()["watermark"] == 8
+
+
+async def test_refills_are_held_to_max_staleness_like_any_group(pool: EnvPool, tokenizer: Any) -> None:
+    """Groups generated ahead under old weights are dropped as stale before the filter sees them (they neither
+    fill the batch nor count against its bound); the refills that replace them are played at the new version."""
+    cfg = rollout_config(
+        env_id="slow",
+        env_config={"max_steps": 2},
+        max_staleness=1,
+        group_filter=GroupFilterConfig("zero_variance", max_extra_groups=3),
+    )
+    sim = SimulatedEngine(tokenizer, ["go"], latency_s=0.002)
+    scheduler = RolloutScheduler(pool, sim, tokenizer, cfg)
+    try:
+        await scheduler.get_batch()  # 2 + 3 groups; the producer then runs one batch ahead at version 0
+        while scheduler.queue.ready < 2:
+            await asyncio.sleep(0.05)
+        await scheduler.suspend()
+        await sim.load_weights({}, version=2)  # those groups are now two versions old
+        await scheduler.resume()
+        batch = await scheduler.get_batch()
+    finally:
+        await scheduler.close()
+    assert set(batch.policy_version.tolist()) == {2}
+    assert batch.metrics["rollout/dropped_groups_stale"] == 2
+    assert batch.metrics["rollout/groups_filtered"] == 3 and batch.metrics["rollout/extra_groups"] == 3
+    state = scheduler.state_dict()
+    settled = state["watermark"] + len(state["settled_above"])
+    assert settled == 5 + 2 + 5, "stale, filtered and kept groups are all settled (not those played ahead)"

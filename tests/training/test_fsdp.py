@@ -54,3 +54,32 @@ def test_two_fsdp2_ranks_match_one_process(
         delta = (sharded[name] - tensor).abs().max().item()
         moved_by = (tensor - original[name]).abs().max().item()
         assert delta <= 1e-5 + 1e-3 * moved_by, f"{name}: differs by {delta:.2e}; the update moved it {moved_by:.2e}"
+
+
+@pytest.mark.parametrize("batch_adjust", ["none", "copy", "delete"])
+def test_ranks_with_different_row_counts_take_the_same_steps(
+    model_dir: Path, tmp_path: Path, batch_adjust: str
+) -> None:
+    """Rank 0 holds 4 rows, rank 1 one (as dynamic sampling or step rows leave them): both take exactly
+    ppo_epochs x mini_batches optimiser steps, and each step the same number of FSDP2 forward/backward passes
+    (one micro-batch per row here), so no collective waits forever. Before, rank 1 took fewer steps and passes
+    than rank 0 and the run deadlocked."""
+    algorithm = {"mini_batches": 2, "ppo_epochs": 2, "micro_batching": "fixed", "micro_batch_size": 1}
+    out = tmp_path / "fsdp.pt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            sys.executable, str(TESTS / "support" / "fsdp_update.py"), str(model_dir), str(out),
+            json.dumps({**algorithm, "batch_adjust": batch_adjust}), "1",
+        ],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,  # a hang guard: a deadlock fails here
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = [int(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
+    assert steps == [4, 4]
+    original = AgentRLModule._load(model_dir).state_dict()
+    assert any(not torch.equal(t, original[k]) for k, t in torch.load(out).items()), "the update moved weights"

@@ -99,7 +99,7 @@ async def test_an_outage_longer_than_the_bound_fails_naming_the_endpoint(
         finally:
             await scheduler.close()
     message = str(info.value)
-    assert frozen_server.address in message and "outage_timeout_s=2" in message
+    assert frozen_server.address in message and "outage timeout (2s, data.envs.outage_timeout_s)" in message
     assert "down for" in message
 
 

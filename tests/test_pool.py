@@ -184,7 +184,8 @@ async def test_ejection_fails_waiting_calls_at_once(subprocess_env):
                 await pending
             assert time.monotonic() - start < 5.0, "ejection, not the 30 s deadline, ended the call"
             assert pool.stats["ejections"] == 1 and pool.healthy_endpoints() == []
-            with pytest.raises(EnvOutage, match=f"down for .*outage_timeout_s=0.5: {server.address} \\(ejected"):
+            named = f"down for .*outage timeout \\(0.5s, data.envs.outage_timeout_s\\): {server.address} \\(ejected"
+            with pytest.raises(EnvOutage, match=named):
                 await pool.open("slow")  # the outage outlasted what this pool waits out
             os.kill(server.process.pid, signal.SIGCONT)
             for _ in range(50):

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import ROOT, SLOW_ENV, children, dumped_groups, run_cli, start_cli, wait_for_file
+from support.cli import (
+    ROOT,
+    SLOW_ENV,
+    check_stopped_mid_rollout_then_resume,
+    children,
+    dumped_groups,
+    run_cli,
+    start_cli,
+    wait_for_file,
+)
 
 OVERLAYS = {"gpu.yaml"}  # added after an env config, never used alone
 CONFIGS = sorted(c for c in (ROOT / "configs").glob("*.yaml") if c.name not in OVERLAYS)
@@ -212,12 +221,4 @@ def test_sigterm_abandons_the_rollout_in_flight_and_resume_plays_its_groups(tmp_
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert "abandoned the rollout in flight" in stderr and "resume with --ckpt_path last" in stderr
     assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)  # the env server was stopped
-    done_steps = torch.load(next(run.rglob("last.ckpt")), weights_only=False)["rollout_steps"]
-    assert done_steps == 1 == len(dumped_groups(run))  # step 2 was not finished, so not trained on or saved
-
-    resumed = run_cli(*args, "--ckpt_path", "last", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    groups = dumped_groups(run)
-    assert sorted(groups) == list(range(1, STEPS + 1))
-    played = [g for step in sorted(groups) for g in groups[step]]
-    assert len(played) == len(set(played)) == STEPS * 2  # every group once: none repeated, none skipped
+    check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)

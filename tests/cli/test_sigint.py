@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import SLOW_ENV, TINY, children, dumped_groups, run_cli, start_cli, wait_for_file
+from support.cli import SLOW_ENV, TINY, check_stopped_mid_rollout_then_resume, children, start_cli, wait_for_file
 
 from roll_lightning.exits import entry, sigint_as_sigterm
 
@@ -49,17 +49,7 @@ def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_p
     for noise in ("Task was destroyed", "Traceback", "KeyboardInterrupt"):
         assert noise not in stderr, stderr[-3000:]
     assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)  # the env server was stopped
-    import torch
-
-    done_steps = torch.load(next(run.rglob("last.ckpt")), weights_only=False)["rollout_steps"]
-    assert done_steps == 1 == len(dumped_groups(run))  # step 2 was not finished, so not trained on or saved
-
-    resumed = run_cli(*args, "--ckpt_path", "last", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    groups = dumped_groups(run)
-    assert sorted(groups) == list(range(1, STEPS + 1))
-    played = [g for step in sorted(groups) for g in groups[step]]
-    assert len(played) == len(set(played)) == STEPS * 2  # every group once: none repeated, none skipped
+    check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)
 
 
 def test_sigint_goes_to_the_sigterm_handler_or_interrupts_when_there_is_none() -> None:

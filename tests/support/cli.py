@@ -6,7 +6,8 @@
   signal its whole process group, as a terminal's Ctrl-C does.
 - `wait_for_file`: wait (a hang guard, not a timing) until a run wrote a file or exited.
 - `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
-- `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks).
+- `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks);
+  `check_stopped_mid_rollout_then_resume`: the resume check after a signal stopped step 2's rollout.
 """
 
 from __future__ import annotations
@@ -89,3 +90,18 @@ def dumped_groups(root: Path) -> dict[int, list[str]]:
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         out[int(path.stem.split("_")[1])] = sorted({e["group"] for e in lines})
     return out
+
+
+def check_stopped_mid_rollout_then_resume(run: Path, args: list[str], steps: int, cwd: Path) -> None:
+    """A run stopped during step 2's rollout: its checkpoint is step 1 (step 2 was neither trained on nor saved);
+    resuming with ``args`` and ``--ckpt_path last`` plays every group of the ``steps`` steps once (2 per step)."""
+    import torch
+
+    done_steps = torch.load(next(run.rglob("last.ckpt")), weights_only=False)["rollout_steps"]
+    assert done_steps == 1 == len(dumped_groups(run))
+    resumed = run_cli(*args, "--ckpt_path", "last", cwd=cwd)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    groups = dumped_groups(run)
+    assert sorted(groups) == list(range(1, steps + 1))
+    played = [g for step in sorted(groups) for g in groups[step]]
+    assert len(played) == len(set(played)) == steps * 2  # every group once: none repeated, none skipped

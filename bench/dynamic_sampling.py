@@ -93,7 +93,7 @@ def main() -> None:
         res.update(
             variant=variant,
             minutes_to_plus_30=(gain := first_gain(res["evals"], 30)) and gain["minutes"],
-            steps_to_plus_30=gain and gain["step"] + 1,
+            steps_to_plus_30=gain and gain["step"],  # logged at the rollout step, counted from 1
             zero_advantage_share=mean_of(series, "train/zero_advantage_share"),
             groups_filtered_per_batch=mean_of(series, "rollout/groups_filtered"),
             extra_groups_per_batch=mean_of(series, "rollout/extra_groups"),

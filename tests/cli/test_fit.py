@@ -107,9 +107,13 @@ def test_tensorboard_logger_gets_the_metrics(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = (tmp_path / "tb").rglob("events.out.tfevents.*")
-    scalars = EventAccumulator(str(events)).Reload().Tags()["scalars"]
+    accumulator = EventAccumulator(str(events)).Reload()
+    scalars = accumulator.Tags()["scalars"]
     for key in ("rollout/success_rate", "env/step_latency_s", "train/pg_loss", "sync/total_s", "timing/step_s"):
         assert key in scalars, (key, scalars)
+    # the x axis is the rollout step, counted from 1 as the terminal and the trajectory dumps count it
+    assert [event.step for event in accumulator.Scalars("rollout/success_rate")] == [1, 2]
+    assert "step" not in scalars
 
 
 def test_the_llm_sokoban_config_runs_on_the_tiny_model(tmp_path: Path) -> None:

@@ -21,13 +21,24 @@ STEPS = 6
 LOGGERS = {  # each kind of logger a shipped config uses, as CLI arguments for a run rooted at {root}
     "default": [],  # Lightning's: TensorBoardLogger (tensorboard is installed)
     "CSVLogger": ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "{root}"],
+    # the learning recipes' pair (configs/sokoban.yaml, configs/frozenlake_learn.yaml)
+    "CSVLogger+TensorBoardLogger": [
+        "--trainer.logger",
+        '[{{"class_path": "CSVLogger", "init_args": {{"save_dir": "{root}"}}}}, {{"class_path": "TensorBoardLogger",'
+        ' "init_args": {{"save_dir": "{root}", "name": "tensorboard"}}}}]',
+    ],
 }
-KILLS = {"default": signal.SIGKILL, "CSVLogger": signal.SIGTERM}  # SIGTERM right after a step's checkpoint
+KILLS = {  # SIGTERM right after a step's checkpoint, or SIGKILL
+    "default": signal.SIGKILL, "CSVLogger": signal.SIGTERM, "CSVLogger+TensorBoardLogger": signal.SIGKILL,
+}  # fmt: skip
 
 
 def shipped_logger_kind(config: Path) -> str:
     logger = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("logger")
-    return "default" if logger in (None, True) else str(logger["class_path"]).rsplit(".", 1)[-1]
+    if logger in (None, True):
+        return "default"
+    loggers = logger if isinstance(logger, list) else [logger]
+    return "+".join(sorted(str(one["class_path"]).rsplit(".", 1)[-1] for one in loggers))
 
 
 def test_every_logger_a_shipped_config_uses_is_covered() -> None:
@@ -93,6 +104,8 @@ def test_a_killed_run_resumes_where_it_stopped_with_each_shipped_logger(logger: 
     (first_log,) = root.glob("lightning_logs/version_*")
     if logger == "default":
         assert list(first_log.glob("events.out.tfevents.*"))  # the TensorBoard logger was on
+    if "TensorBoardLogger" in logger:
+        assert list(root.glob("tensorboard/version_0/events.out.tfevents.*"))
     trained_before = {k: v for k, v in dumped_groups(first_log).items() if k <= done}
 
     resumed = run_cli(*fit_args(root, logger), "--ckpt_path", "last", cwd=tmp_path)
@@ -173,7 +186,7 @@ def test_a_damaged_last_checkpoint_is_named_in_one_line_with_the_intact_one_to_r
     assert "Traceback" not in refused.stderr and "Restoring states" not in refused.stderr
     assert refused.stderr.splitlines()[-1] == (
         f"roll_lightning: error: checkpoint {last} is damaged: its bytes no longer match the SHA-256 written with "
-        f"it; {previous} (global step 1) is intact: resume from it with --ckpt_path {previous}"
+        f"it; {previous} (rollout step 1) is intact: resume from it with --ckpt_path {previous}"
     )
     resumed = run_cli(*fit_args(root, "default", steps=3), "--ckpt_path", str(previous), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -189,7 +202,7 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_they_are_kept(t
     refused = run_cli(*fit_args(root, "default"), cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.splitlines()[-1] == (
-        f"roll_lightning: error: {root / 'checkpoints'} holds the checkpoints of an earlier run (last.ckpt: global "
+        f"roll_lightning: error: {root / 'checkpoints'} holds the checkpoints of an earlier run (last.ckpt: rollout "
         "step 2), which a new run would overwrite: resume it with --ckpt_path last, or start a new run in another "
         "--trainer.default_root_dir"
     )

@@ -32,13 +32,13 @@ def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_p
     while a slow rollout is in flight."""
     run = tmp_path / "run"
     args = ["fit", *ARGS, "--trainer.default_root_dir", str(run)]
-    proc = start_cli(*args, cwd=tmp_path, own_session=True)
+    proc = start_cli(*args, cwd=tmp_path, own_session=True, capture_stdout=True)
     try:
         assert wait_for_file(run, "step_000001.jsonl", proc), "the run ended before its first step"
         servers = children(proc.pid)
         time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
         os.killpg(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -48,6 +48,9 @@ def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_p
     assert stderr.rstrip().endswith("roll_lightning: stopped by SIGINT; resume with --ckpt_path last"), stderr[-3000:]
     for noise in ("Task was destroyed", "Traceback", "KeyboardInterrupt"):
         assert noise not in stderr, stderr[-3000:]
+    # The summary says it stopped, after which step, and how to carry on.
+    assert "rollout steps in" in stdout and ", stopped)" in stdout, stdout[-2000:]
+    assert any(line.split()[:1] == ["resume"] and line.endswith("--ckpt_path last") for line in stdout.splitlines())
     assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)  # the env server was stopped
     check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)
 

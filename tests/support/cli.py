@@ -54,13 +54,14 @@ def run_cli(
     )
 
 
-def start_cli(*args: str, cwd: Path, own_session: bool = False) -> subprocess.Popen[str]:
-    """Start ``python -m roll_lightning <args>`` with its stderr piped (``own_session``: its own process group)."""
+def start_cli(*args: str, cwd: Path, own_session: bool = False, capture_stdout: bool = False) -> subprocess.Popen[str]:
+    """Start ``python -m roll_lightning <args>`` with its stderr piped (``own_session``: its own process group;
+    ``capture_stdout``: stdout piped too, for a test that reads it with ``communicate``)."""
     return subprocess.Popen(
         [sys.executable, "-m", "roll_lightning", *args],
         cwd=cwd,
         env=cli_env(cwd),
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture_stdout else subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=own_session,

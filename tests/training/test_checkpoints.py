@@ -152,7 +152,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it_and_the_intact_on
         ChecksummedCheckpointIO().load_checkpoint(last)
     message = str(refused.value)
     assert "\n" not in message and str(last) in message and what in message, message
-    assert f"{previous} (global step 2) is intact" in message, message
+    assert f"{previous} (rollout step 2) is intact" in message, message
     assert "weights_only" not in message  # never the advice to unpickle an unknown file unsafely
 
 
@@ -231,7 +231,7 @@ def test_ckpt_path_rules(run: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(CheckpointError, match=f"has no last.ckpt, but .* the newest {legacy / 'last.ckpt'}"):
         resolve_ckpt_path("last", trainer(tmp_path / "legacy", False), fitting=True)
 
-    with pytest.raises(CheckpointError, match=r"earlier run \(last.ckpt: global step 3\), which a new run would"):
+    with pytest.raises(CheckpointError, match=r"earlier run \(last.ckpt: rollout step 3\), which a new run would"):
         resolve_ckpt_path(None, trainer(run, False), fitting=True)
     assert resolve_ckpt_path(None, trainer(run, False), fitting=False) is None
     with pytest.raises(CheckpointError, match="does not exist"):

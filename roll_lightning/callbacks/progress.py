@@ -1,0 +1,199 @@
+"""`RunProgress`: the run's progress in one line, whether stdout is a terminal or a file.
+
+In a terminal the line is redrawn after every rollout step; piped to a file (``| tee log``, ``nohup``, a batch
+scheduler) a new line is printed after the first step and then at most every ``every_s`` seconds, so a log
+never stays silent for long and never fills with redraws::
+
+    step 600/5000 (12%) 7:06, ETA 22:54 | success 0.31 return 2.10 | held-out 28.9% (step 500)
+        | 0.62 s/step: rollout 0.38 train 0.23 sync 0.001
+
+Held-out evaluations are printed as lines of their own, above the progress line
+(`roll_lightning.training.eval_report.EvalReport`). The ETA is the
+wall time per step so far (evaluations included) times the steps left, capped by ``trainer.max_time``.
+
+What it reads is typed: ``pl_module`` is an `AgentRLModule` (its step counter, limit and evaluation reports),
+and the step's metrics are the ones the module logged under their fixed names (``rollout/``, ``timing/``,
+``sync/``). It replaces Lightning's progress bar, whose epoch and batch counters mean nothing in an endless
+rollout stream; ``trainer.enable_progress_bar: false`` turns it off (the evaluation lines then go to the log).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import lightning as L
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+
+from roll_lightning.module import AgentRLModule
+
+
+class RunProgress(ProgressBar):
+    def __init__(self, every_s: float = 30.0, stream: IO[str] | None = None) -> None:
+        """Args:
+        every_s: seconds between lines when the output is not a terminal (the first step always prints).
+        stream: where to write (default: stdout).
+        """
+        super().__init__()
+        self.every_s = every_s
+        self._stream = stream
+        self._enabled = True
+        self._last_print = -float("inf")
+        self._printed_evals = 0
+        self._last_step_shown = -1
+        self._line_open = False  # a terminal line to clear before anything else is printed
+
+    # -- ProgressBar's contract -----------------------------------------------------------------------
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def stream(self) -> IO[str]:
+        return self._stream or sys.stdout
+
+    @property
+    def is_terminal(self) -> bool:
+        return bool(getattr(self.stream, "isatty", lambda: False)())
+
+    # -- hooks ----------------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        module = _agent(pl_module)
+        self._printed_evals = len(module.eval_reports)  # a resumed run's earlier ones are not repeated
+        self._write(self.start_line(trainer, module), final=True)
+
+    def start_line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
+        """What is about to run: the model, its size, the env, the length, where it writes."""
+        from roll_lightning.rollout.datamodule import RolloutDataModule
+
+        weights = sum(p.numel() for p in module.actor.parameters())
+        text = f"fit: {Path(module.model_path).name} ({_count(weights)} weights)"
+        data = trainer.datamodule
+        if isinstance(data, RolloutDataModule):
+            text += f" on {data.rollout.env_id}, {data.rollout.batch_size} episodes per rollout step"
+        if module.rollout_steps_limit:
+            text += f", {module.rollout_steps_limit} steps"
+        left = _seconds_left(trainer)
+        if left is not None:
+            text += f" or {clock(left)}, whichever comes first"
+        if module.rollout_steps:
+            text += f", resuming after step {module.rollout_steps}"
+        return text + f" -> {trainer.default_root_dir}"
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.print_evals(_agent(pl_module))  # the evaluation before the first update, as soon as it is done
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        module = _agent(pl_module)
+        self.print_evals(module)
+        now = time.monotonic()
+        if self.is_terminal or now - self._last_print >= self.every_s or module.stopping:
+            self._last_print = now
+            self._write(self.line(trainer, module), final=not self.is_terminal)
+            self._last_step_shown = module.rollout_steps
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.print_evals(_agent(pl_module))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        module = _agent(pl_module)
+        self.print_evals(module)
+        if self._line_open or self._last_step_shown != module.rollout_steps:  # the last step, whatever ended it
+            self._write(self.line(trainer, module), final=True)
+            self._last_step_shown = module.rollout_steps
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._line_open:  # leave the last progress line in place, and what follows on a line of its own
+            self.stream.write("\n")
+            self._line_open = False
+
+    # -- what is printed ------------------------------------------------------------------------------
+
+    def print_evals(self, module: AgentRLModule) -> None:
+        """Each held-out evaluation not printed yet, as one line of its own."""
+        for report in module.eval_reports[self._printed_evals :]:
+            self._write(report.line(), final=True)
+        self._printed_evals = len(module.eval_reports)
+
+    def line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        done, total = module.rollout_steps, module.rollout_steps_limit
+        elapsed = time.perf_counter() - module.fit_started
+        parts = [f"step {done}/{total} ({100 * done / total:.0f}%)" if total else f"step {done}"]
+        parts[0] += f" {clock(elapsed)}"
+        eta = _eta(elapsed, done, total, _seconds_left(trainer))
+        if eta is not None:
+            parts[0] += f", ETA {clock(eta)}"
+        if "rollout/success_rate" in metrics:
+            parts.append(f"success {metrics['rollout/success_rate']:.2f} return {metrics['rollout/return_mean']:.2f}")
+        if module.eval_reports:
+            last = module.eval_reports[-1]
+            parts.append(f"held-out {100 * last.success:.1f}% (step {last.step})")
+        if "timing/step_s" in metrics:
+            split = " ".join(
+                f"{name} {metrics[key]:.2f}"
+                for name, key in (("rollout", "timing/rollout_wait_s"), ("train", "timing/train_s"))
+                if key in metrics
+            )
+            sync = f" sync {metrics['sync/total_s']:.3f}" if "sync/total_s" in metrics else ""
+            parts.append(f"{metrics['timing/step_s']:.2f} s/step: {split}{sync}")
+        return " | ".join(parts)
+
+    def _write(self, text: str, final: bool) -> None:
+        if not self._enabled or not _rank_zero():
+            return
+        if self.is_terminal:
+            self.stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
+            self._line_open = not final
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _agent(pl_module: L.LightningModule) -> AgentRLModule:
+    if not isinstance(pl_module, AgentRLModule):
+        raise TypeError(f"RunProgress reports an AgentRLModule's run, got {type(pl_module).__name__}")
+    return pl_module
+
+
+def clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def _rank_zero() -> bool:
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def _seconds_left(trainer: L.Trainer) -> float | None:
+    """What ``trainer.max_time`` leaves, or None without one."""
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, Timer):
+            return callback.time_remaining("train")
+    return None
+
+
+def _eta(elapsed: float, done: int, total: int | None, time_left: float | None) -> float | None:
+    """Seconds until the run ends: by steps at the pace so far, or by ``max_time``, whichever comes first."""
+    by_steps = elapsed / done * (total - done) if total and done else None
+    candidates = [t for t in (by_steps, time_left) if t is not None]
+    return max(0.0, min(candidates)) if candidates else None
+
+
+__all__ = ["RunProgress"]

@@ -1,0 +1,58 @@
+"""What a run does not print: the warnings and notices that do not apply to this design, silenced one by one.
+
+Each entry matches one message (and, for warnings, its category) and says why it does not apply. Nothing is
+silenced wholesale: a new warning from any library still shows. `tests/cli/test_quiet.py` runs a fit and fails
+on any of these lines before the first step, and on any warning at all from our own code.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+# (category, message regex, why it does not apply)
+KNOWN_WARNINGS: list[tuple[type[Warning], str, str]] = [
+    (
+        PossibleUserWarning,
+        r"You are using the `dataloader_iter` step flavor",
+        "each step pulls exactly one rollout batch from the iterator (AgentRLModule.training_step), so batch_idx "
+        "stays right; there is no gradient accumulation across batches",
+    ),
+    (
+        UserWarning,
+        r"Found `dataloader_iter` argument in the `(training|validation)_step`",
+        "the rollout happens inside the step on purpose (timing, the engine's sleep between rollout and update)",
+    ),
+    (
+        FutureWarning,
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "Lightning 2.6's own pytree helper on torch >= 2.10; not our code, nothing for a user to change",
+    ),
+]
+
+# Lightning's info lines (logging, not warnings) that advertise services rather than describe the run.
+KNOWN_NOTICES: list[str] = [r"^💡 Tip: "]
+
+
+class _DropNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(re.search(pattern, message) for pattern in KNOWN_NOTICES)
+
+
+def silence_known_noise() -> None:
+    """Install the filters for this process (the CLI calls it before anything is built)."""
+    for category, pattern, _why in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    lightning_log = logging.getLogger("lightning.pytorch")
+    if not any(isinstance(f, _DropNotices) for f in lightning_log.filters):
+        for handler in lightning_log.handlers:
+            handler.addFilter(_DropNotices())
+        lightning_log.addFilter(_DropNotices())
+    # transformers' "Loading weights" bars: two per start (trainer and engine), cut to pieces in a log file
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

@@ -1,4 +1,5 @@
-"""Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``."""
+"""Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``: per batch,
+except the counters named ``_total`` (since the run started)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def batch_metrics(
         "rollout/return_max": max((m["return"] for m in per_episode), default=0.0),
         "rollout/turns_mean": mean("turns"),
         "rollout/invalid_action_rate": mean("invalid_action_rate"),
-        "rollout/response_tokens_mean": mean("response_tokens"),
+        # per reply (a one-token reply reads 1.0), not per episode
+        "rollout/response_tokens_mean": (
+            sum(m["response_tokens"] for m in per_episode) / max(1.0, sum(m["turns"] for m in per_episode))
+        ),
         "rollout/truncated_reply_rate": (
             sum(m["truncated_replies"] for m in per_episode) / max(1.0, sum(m["turns"] for m in per_episode))
         ),
@@ -42,9 +46,10 @@ def batch_metrics(
         "rollout/staleness_mean": fmean(version - ep.policy_version for ep in episodes) if episodes else 0.0,
         "rollout/policy_version": float(version),
         "rollout/episodes": float(len(episodes)),
-        "rollout/episode_retries": float(scheduler.counters["episode_retries"]),
-        "rollout/dropped_groups_failed": float(scheduler.queue.counters["dropped_failed"]),
-        "rollout/dropped_groups_stale": float(scheduler.queue.counters["dropped_stale"]),
+        # counted since the run started (the scheduler's counters), hence _total
+        "rollout/episode_retries_total": float(scheduler.counters["episode_retries"]),
+        "rollout/dropped_groups_failed_total": float(scheduler.queue.counters["dropped_failed"]),
+        "rollout/dropped_groups_stale_total": float(scheduler.queue.counters["dropped_stale"]),
         "rollout/gen_tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),

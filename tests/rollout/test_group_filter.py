@@ -201,7 +201,7 @@ async def test_refills_are_held_to_max_staleness_like_any_group(pool: EnvPool, t
     finally:
         await scheduler.close()
     assert set(batch.policy_version.tolist()) == {2}
-    assert batch.metrics["rollout/dropped_groups_stale"] == 2
+    assert batch.metrics["rollout/dropped_groups_stale_total"] == 2
     assert batch.metrics["rollout/groups_filtered"] == 3 and batch.metrics["rollout/extra_groups"] == 3
     state = scheduler.state_dict()
     settled = state["watermark"] + len(state["settled_above"])

@@ -28,6 +28,7 @@ from typing import Any
 
 import lightning as L
 
+from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.episode import Episode
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,24 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def episode_record(episode: Episode, step: int, tokenizer: Any = None) -> dict[str, Any]:
+def turn_advantages(batch: RolloutBatch, row_values: Sequence[float]) -> dict[tuple[str, int], float]:
+    """``(traj_id, turn) -> advantage`` from a batch's per-row advantages: a step row is one turn; a trajectory
+    row covers all of its episode's turns (``step`` holds their number), which then share its value."""
+    out: dict[tuple[str, int], float] = {}
+    for traj, step, value in zip(batch.traj_id, batch.step.tolist(), row_values, strict=True):
+        turns = range(int(step)) if batch.layout == "trajectory" else (int(step),)
+        for turn in turns:
+            out[(traj, turn)] = float(value)
+    return out
+
+
+def episode_record(
+    episode: Episode, step: int, tokenizer: Any = None, advantages: dict[tuple[str, int], float] | None = None
+) -> dict[str, Any]:
     """One JSONL line. ``prompt``: the first prompt as the model saw it (special tokens kept, so the chat
-    template shows), or None without a tokenizer. ``turn`` counts from 0, like the batch's ``step`` tensor."""
+    template shows), or None without a tokenizer. ``turn`` counts from 0, like the batch's ``step`` tensor.
+    ``final_observation``: the board after the last move. ``advantage``: what the update gave the turn (from
+    `turn_advantages`; None when unknown)."""
     prompt = None
     if tokenizer is not None and episode.turns:
         prompt = tokenizer.decode(episode.turns[0].prompt_ids, skip_special_tokens=False)
@@ -92,6 +108,7 @@ def episode_record(episode: Episode, step: int, tokenizer: Any = None) -> dict[s
         "success": bool(episode.metrics()["success"]),
         "policy_version": episode.policy_version,
         "prompt": prompt,
+        "final_observation": episode.final_observation,
         "turns": [
             {
                 "turn": k,
@@ -103,6 +120,7 @@ def episode_record(episode: Episode, step: int, tokenizer: Any = None) -> dict[s
                 "response_tokens": len(turn.response_ids),
                 "finish_reason": turn.finish_reason,
                 "policy_version": turn.policy_version,
+                "advantage": (advantages or {}).get((episode.traj_key, k)),
             }
             for k, turn in enumerate(episode.turns)
         ],
@@ -183,17 +201,26 @@ class TrajectoryDump(L.Callback):
             return
         self._last_step = step
         tokenizer = getattr(trainer.datamodule, "tokenizer", None) if self.tokenizer_for_prompts else None
-        self.dump(rollout.episodes, step, tokenizer, default_root=trainer.default_root_dir)
+        values = getattr(pl_module, "last_row_advantages", None)
+        advantages = (
+            turn_advantages(rollout, values) if isinstance(values, list) and len(values) == len(rollout) else None
+        )
+        self.dump(rollout.episodes, step, tokenizer, default_root=trainer.default_root_dir, advantages=advantages)
 
     def dump(
-        self, episodes: Sequence[Episode], step: int, tokenizer: Any = None, default_root: str | None = None
+        self,
+        episodes: Sequence[Episode],
+        step: int,
+        tokenizer: Any = None,
+        default_root: str | None = None,
+        advantages: dict[tuple[str, int], float] | None = None,
     ) -> Path:
         """Write ``step_{step:06d}.jsonl`` (and the viewer, once per run; ``index.json``, every time)."""
         if self.directory is None:  # called outside `fit` (no on_train_start): no log_dir to ask
             self.directory = Path(self.dirpath or Path(default_root or ".") / "trajectories")
         self.directory.mkdir(parents=True, exist_ok=True)
         lines = [
-            json.dumps(episode_record(ep, step, tokenizer), ensure_ascii=False, allow_nan=False)
+            json.dumps(episode_record(ep, step, tokenizer, advantages), ensure_ascii=False, allow_nan=False)
             for ep in sample_episodes(episodes, self.max_episodes)
         ]
         path = self.directory / f"step_{step:06d}.jsonl"

@@ -57,6 +57,7 @@ class Episode:
     layout: Layout = "trajectory"
     attempts: int = 1
     wall_s: float = 0.0
+    final_observation: str = ""  # what the env showed after the last move (the hole, the goal, the solved board)
 
     @property
     def group_key(self) -> str:
@@ -208,7 +209,7 @@ class EpisodeBuilder:
         turn = self.episode.turns[-1]
         turn.reward, turn.action_valid, turn.env_s = outcome.reward, outcome.action_valid, env_s
         turn.metrics = dict(outcome.metrics)
-        self.observation = outcome.observation
+        self.observation = self.episode.final_observation = outcome.observation
         if outcome.terminated:
             self._end("terminated")
         elif outcome.truncated:

@@ -1,19 +1,15 @@
-"""`TrajectoryDump`: JSONL dumps every N rollout steps from a real `L.Trainer`, and the viewer's rendering
-(run in node where it is installed)."""
+"""`TrajectoryDump`: JSONL dumps every N rollout steps from a real `L.Trainer` (the viewer: test_viewer.py)."""
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
-import pytest
 import torch
+from support.episodes import SOKOBAN, XSS, make_episodes, prompt_text
 from support.trainers import quiet_trainer
 from torch.utils.data import DataLoader
 
@@ -21,64 +17,15 @@ from roll_lightning.callbacks.trajectories import (
     TrajectoryDump,
     episode_record,
     sample_episodes,
-    viewer_html,
 )
-from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.episode import Episode, Turn
-
-SOKOBAN = "#####\n#P_O#\n#_X_#\n#####"
-FROZEN = "P_O\n___\n__G"
-XSS = "<script>alert(1)</script><answer>Left</answer>"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0))
-
-
-def prompt_text(tokenizer: Any, observation: str) -> str:
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Turn 1:\n{observation}"}], tokenize=False, add_generation_prompt=True
-    )
-
-
-def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
-    """Three groups of two (sokoban, frozenlake, sokoban); seeds encode the step, so a dump of a stale batch
-    would show. Member 0 of each group plays two turns and succeeds; member 1 plays one invalid turn."""
-    episodes = []
-    for g, (env_id, board) in enumerate([("sokoban", SOKOBAN), ("frozenlake", FROZEN), ("sokoban", SOKOBAN)]):
-        prompt = tokenizer.encode(prompt_text(tokenizer, board), add_special_tokens=False)
-        for member in range(2):
-            reply_ids = tokenizer.encode(XSS, add_special_tokens=False) + [tokenizer.eos_token_id]
-            first = Turn(prompt, reply_ids, [-0.5] * len(reply_ids), "stop", step, observation=board, reply=XSS)
-            if member == 0:
-                first.reward, first.metrics = 0.5, {"success": 0.0, "nan_metric": float("nan")}
-                second = Turn([5, 6], [7, 8, 9], [-0.1] * 3, "length", step + 1, observation=board + "\nmoved")
-                second.reply, second.reward, second.metrics = "Right", 1.0, {"success": 1.0}
-                turns, end = [first, second], "terminated"
-            else:
-                first.reward, first.action_valid, first.metrics = -0.1, False, {"success": 0.0}
-                turns, end = [first], "max_turns"
-            episodes.append(
-                Episode(
-                    group_index=g,
-                    member=member,
-                    seed=1000 * step + g,
-                    env_id=env_id,
-                    episode_id=f"e{step}-{g}-{member}",
-                    turns=turns,
-                    end_reason=end,  # type: ignore[arg-type]
-                )
-            )
-    return episodes
+from roll_lightning.rollout.episode import Episode
 
 
 class RolloutModule(L.LightningModule):
-    """Shaped like `AgentRLModule` where the callback looks: batch via ``dataloader_iter``, ``last_batch`` and
-    ``rollout_steps`` set in ``training_step``. ``bare``: neither attribute (the fallbacks)."""
+    """Shaped like `AgentRLModule` where the callback looks: batch via ``dataloader_iter``, ``last_batch``,
+    ``last_row_advantages`` (here row i gets 10 * i) and ``rollout_steps`` set in ``training_step``. ``bare``:
+    none of them (the fallbacks)."""
 
     def __init__(self, bare: bool = False) -> None:
         super().__init__()
@@ -97,6 +44,7 @@ class RolloutModule(L.LightningModule):
         opt.step()
         if not self.bare:
             self.last_batch = batch
+            self.last_row_advantages = [10.0 * i for i in range(len(batch))]
             self.rollout_steps += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -154,6 +102,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
         "success": True,
         "policy_version": 4,
         "prompt": prompt_text(tokenizer, SOKOBAN),
+        "final_observation": SOKOBAN + "\nsolved",  # the board after the last move
         "turns": [
             {
                 "turn": 0,
@@ -165,6 +114,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "response_tokens": len(tokenizer.encode(XSS, add_special_tokens=False)) + 1,
                 "finish_reason": "stop",
                 "policy_version": 4,
+                "advantage": 0.0,  # trajectory rows: row 0 (this episode) covers both turns
             },
             {
                 "turn": 1,
@@ -176,12 +126,13 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "response_tokens": 3,
                 "finish_reason": "length",
                 "policy_version": 5,
+                "advantage": 0.0,
             },
         ],
     }
     failed = records[3]
     assert (failed["success"], failed["end_reason"], failed["score"]) == (False, "max_turns", -0.1)
-    assert failed["turns"][0]["action_valid"] is False
+    assert failed["turns"][0]["action_valid"] is False and failed["turns"][0]["advantage"] == 10.0  # row 1
     assert read_jsonl(out / "step_000002.jsonl")[0]["seed"] == 2000
 
 
@@ -236,40 +187,3 @@ def test_sample_episodes_round_robin_over_groups(tokenizer: Any) -> None:
     assert names == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
     assert sample_episodes(episodes, 100) == episodes
     assert episode_record(Episode(0, 0, 1, "x"), 1, tokenizer)["prompt"] is None  # no turns: no prompt
-
-
-def test_viewer_is_self_contained() -> None:
-    html = viewer_html()
-    assert not re.search(r"https?://|//cdn|\bsrc\s*=|<link\b|@import", html, re.IGNORECASE)
-    script = re.search(r"<script>(.*?)</script>", html, re.DOTALL)
-    assert script is not None
-    # Every untrusted field goes through esc() (the node test below checks the output where node exists).
-    for field in ("t.reply", "t.observation", "ep.prompt", "ep.traj", "ep.env_id"):
-        assert re.search(rf"esc\({re.escape(field)}\)|renderBoard\({re.escape(field)}", script.group(1)), field
-
-
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_viewer_renders_a_dump_escaped(tmp_path: Path, tokenizer: Any) -> None:
-    """The viewer's own functions (run in node) on a real dump: markup in replies/prompts comes out as text,
-    boards get per-env cells."""
-    path = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path)).dump(make_episodes(tokenizer, 1), 1, tokenizer)
-    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
-    harness = tmp_path / "harness.js"
-    harness.write_text(
-        script
-        + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
-        + "console.log(JSON.stringify({list: renderList(eps, 0), turns: eps.flatMap((ep) =>"
-        + " ep.turns.map((_, k) => renderTurn(ep, k)))}));\n"
-    )
-    result = subprocess.run(["node", str(harness), str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
-    html = out["list"] + "".join(out["turns"])
-    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert "&lt;|im_start|&gt;" in html  # the prompt's chat template, escaped
-    # Turns in file order: g0m0 (two turns), g0m1 (one, invalid), g1m0 (frozenlake), ...
-    sokoban, frozen = out["turns"][0], out["turns"][3]
-    assert 'class="c sokoban-wall"' in sokoban and 'class="c sokoban-target"' in sokoban
-    assert 'class="c frozenlake-hole"' in frozen and 'class="c frozenlake-goal"' in frozen
-    assert '<div class="note">moved</div>' in out["turns"][1]  # text under the board stays text
-    assert "return so far <b>1.5</b>" in out["turns"][1] and "badge bad" in out["turns"][2]

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "sokoban.yaml"
 TITLES = {
-    "sokoban": "Sokoban 6x6, 1 box (levels from seeds), tiny-words model from scratch, 2-core CPU",
+    "sokoban": "Sokoban 6x6, 1 box (levels from seeds), tiny-grid model from scratch, 2-core CPU",
     "frozenlake_learn": "FrozenLake 4x4 (random maps from seeds), tiny-words model from scratch, 2-core CPU",
 }
 
@@ -104,7 +104,8 @@ def summarise(estimator: str, cmd: list[str], run_dir: Path, wall: float) -> dic
     # one before any update (at_fit_start) is logged at step 0 too, and started at 0.
     evals = [
         {"step": step, "minutes": (elapsed.get(step, 0.0) if i else 0.0) / 60, "success": value}
-        for i, (step, value) in enumerate(series["rollout/eval_success_rate"])
+        # runs before issue 14 logged it as rollout/eval_success_rate
+        for i, (step, value) in enumerate(series.get("eval/success_rate") or series["rollout/eval_success_rate"])
     ]
     train_s = max(elapsed.values(), default=0.0)
 
@@ -137,7 +138,7 @@ def plot(results: list[dict[str, Any]], path: Path, minutes: float, title: str) 
     for res in results:
         steps = [e["step"] for e in res["evals"]]
         success = [100 * e["success"] for e in res["evals"]]
-        (line,) = by_step.plot(steps, success, marker="o", ms=3, label=f"{res['estimator']} (held-out maps)")
+        (line,) = by_step.plot(steps, success, marker="o", ms=3, label=f"{res['estimator']} (held-out)")
         train = res["train_success"]
         window = 25
         smooth = [

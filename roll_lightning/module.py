@@ -341,7 +341,7 @@ class AgentRLModule(L.LightningModule):
         return out * batch.response_mask
 
     def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
-        """Held-out evaluation episodes: their rollout metrics, logged as ``rollout/eval_*``.
+        """Held-out evaluation episodes: their rollout metrics, logged as ``eval/*``.
 
         The episodes are played here, not prefetched by Lightning before the ``on_validation_start`` hooks: a
         restored checkpoint's weights reach the engine in one of those (`WeightSync`).
@@ -352,7 +352,7 @@ class AgentRLModule(L.LightningModule):
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
         success = float(batch.metrics.get("rollout/success_rate", 0.0))
         self.log("step", float(self.rollout_steps), batch_size=len(batch.episode_metrics))  # the x axis, as above
-        if "rollout/eval_success_rate" in metrics and self.trainer.state.fn == "fit":
+        if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(float(self.trainer.strategy.reduce(torch.tensor(success), reduce_op="mean")))
 
     def on_train_start(self) -> None:
@@ -369,8 +369,8 @@ class AgentRLModule(L.LightningModule):
         }
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
-        if "rollout/eval_success_rate" in reduced:
-            self._report_eval(reduced["rollout/eval_success_rate"])
+        if "eval/success_rate" in reduced:
+            self._report_eval(reduced["eval/success_rate"])
 
     def _report_eval(self, success: float) -> None:
         """Record a held-out evaluation during fit; `RunProgress` prints it, or the log when there is no bar."""
@@ -416,11 +416,12 @@ def row_advantages(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tenso
 
 
 def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """The headline metrics of an evaluation batch, as ``rollout/eval_*``."""
+    """The headline metrics of an evaluation batch, in their own namespace, ``eval/*`` (held-out episodes are not
+    training rollouts: ``rollout/`` is what the update trained on)."""
     keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
-    out = {f"rollout/eval_{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
+    out = {f"eval/{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
     if len(batch):
-        out["rollout/eval_policy_version"] = float(batch.policy_version.min())  # the weights that played
+        out["eval/policy_version"] = float(batch.policy_version.min())  # the weights that played
     return out
 
 

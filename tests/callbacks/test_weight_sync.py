@@ -85,7 +85,7 @@ def test_engine_generates_with_the_updated_and_the_restored_weights(
     validated = EngineMatchesTrainer(prompt)
     module, data = parts(3)
     (results,) = _trainer(tmp_path, validated).validate(module, datamodule=data, ckpt_path=ckpt)
-    assert results["rollout/eval_policy_version"] == 3.0  # the evaluation episodes were played by the restored weights
+    assert results["eval/policy_version"] == 3.0  # the evaluation episodes were played by the restored weights
     resumed = EngineMatchesTrainer(prompt)
     module, data = parts(4)
     _trainer(tmp_path, resumed).fit(module, datamodule=data, ckpt_path=ckpt)

@@ -91,7 +91,7 @@ def test_fit_trains_syncs_logs_and_checkpoints(tmp_path: Path) -> None:
         "timing/train_s",
     ):
         assert key in logged, key
-    assert not any(k.startswith("rollout/eval_") for k in logged)  # evaluation only when asked for
+    assert not any(k.startswith("eval/") for k in logged)  # evaluation only when asked for
     versions = sorted(float(r["sync/policy_version"]) for r in rows if r.get("sync/policy_version"))
     assert versions == [1.0, 2.0]
     assert list((tmp_path / "run").rglob("*.ckpt"))
@@ -225,7 +225,7 @@ def test_validate_plays_held_out_episodes_only(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
     logged = {k for row in rows for k, v in row.items() if v}
-    assert {"rollout/eval_success_rate", "rollout/eval_return_mean"} <= logged
+    assert {"eval/success_rate", "eval/return_mean"} <= logged
     assert not any(k.startswith("train/") for k in logged)  # no update happened
 
 

@@ -34,7 +34,7 @@ def fit_recipe(config: str, steps: int, tmp_path: Path) -> tuple[list[tuple[int,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
-    evals = [(int(r["step"]), float(r["rollout/eval_success_rate"])) for r in rows if r["rollout/eval_success_rate"]]
+    evals = [(int(r["step"]), float(r["eval/success_rate"])) for r in rows if r["eval/success_rate"]]
     assert [step for step, _ in evals] == [0, steps]  # before any update, and after the last one
     train = [r for r in rows if r["rollout/success_rate"]]
     assert [int(r["step"]) for r in train] == list(range(1, steps + 1))  # the x axis: rollout steps from 1

@@ -111,7 +111,7 @@ async def test_groups_older_than_max_staleness_are_dropped_after_a_weight_update
     finally:
         await scheduler.close()
     assert set(batch.policy_version.tolist()) == {2}
-    assert batch.metrics["rollout/dropped_groups_stale"] == 2
+    assert batch.metrics["rollout/dropped_groups_stale_total"] == 2
     assert batch.metrics["rollout/staleness_mean"] == 0
 
 
@@ -139,7 +139,7 @@ async def test_failed_episodes_are_replayed_with_the_same_seed_then_the_group_is
         await scheduler.close()
     assert sorted(Counter(batch.traj_group_id).values()) == [2, 2]
     assert scheduler.counters["episode_retries"] > 0
-    assert batch.metrics["rollout/dropped_groups_failed"] > 0
+    assert batch.metrics["rollout/dropped_groups_failed_total"] > 0
     for traj in set(batch.traj_id):  # every kept episode ran to its end: no partial episode is trained on
         rows = [i for i, t in enumerate(batch.traj_id) if t == traj]
         assert batch.step[rows[0]].item() == 3

@@ -43,6 +43,7 @@ class EnvClient:
         if token and not all(33 <= ord(ch) <= 126 for ch in token):  # gRPC would fail every call, obscurely
             raise ValueError("token: a bearer token is printable ASCII without spaces or line breaks")
         self.address = address
+        self.retried_calls = 0  # env/retried_calls_total
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -76,6 +77,7 @@ class EnvClient:
         """Run ``attempt(remaining_seconds)`` until it succeeds, fails for good, or the deadline passes."""
         deadline = time.monotonic() + timeout
         backoff = 0.05
+        first = True
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -90,6 +92,8 @@ class EnvClient:
             except grpc.aio.AioRpcError as err:
                 if err.code() not in RETRYABLE:
                     raise self._failed(err, session_id) from err
+                if first:  # calls that needed a retry, however many tries each took
+                    self.retried_calls, first = self.retried_calls + 1, False
                 await asyncio.sleep(min(backoff * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 1.0)
 

@@ -138,7 +138,14 @@ class EnvPool:
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self.stats = {"ejections": 0, "readmissions": 0, "batches": 0, "batched_items": 0}
+        self.stats = {
+            "ejections": 0,
+            "readmissions": 0,
+            "batches": 0,
+            "batched_items": 0,
+            "resets": 0,
+            "failed_calls": 0,
+        }
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -343,7 +350,21 @@ class EnvPool:
     # -- transports ----------------------------------------------------------------------------------
 
     async def call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
-        """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises."""
+        """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises (each
+        failure is counted in ``stats["failed_calls"]``, each reset in ``stats["resets"]``)."""
+        self.stats["resets"] += kind == "reset"
+        try:
+            return await self._call(ep, kind, request, timeout)
+        except EpisodeFailed:
+            self.stats["failed_calls"] += 1
+            raise
+
+    def counters(self) -> dict[str, int]:
+        """Running totals since the pool started: resets, failed and retried calls, endpoint ejections."""
+        retried = sum(ep.client.retried_calls for ep in self.endpoints)
+        return {**{k: self.stats[k] for k in ("resets", "failed_calls", "ejections")}, "retried_calls": retried}
+
+    async def _call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
         if ep.ejected:
             raise EpisodeFailed(
                 grpc.StatusCode.UNAVAILABLE,

@@ -58,6 +58,7 @@ class Episode:
     attempts: int = 1
     wall_s: float = 0.0
     final_observation: str = ""  # what the env showed after the last move (the hole, the goal, the solved board)
+    reset_s: float = 0.0  # how long the env's reset took, as the trainer saw it
 
     @property
     def group_key(self) -> str:
@@ -87,6 +88,7 @@ class Episode:
             "response_tokens": float(sum(len(t.response_ids) for t in self.turns)),
             "truncated_replies": float(sum(t.finish_reason == "length" for t in self.turns)),
             "env_latency_s": sum(t.env_s for t in self.turns) / n if n else 0.0,
+            "reset_latency_s": self.reset_s,
             "generate_latency_s": sum(t.generate_s for t in self.turns) / n if n else 0.0,
             "context_ended": float(self.end_reason == "context"),
             "attempts": float(self.attempts),
@@ -138,8 +140,8 @@ class EpisodeBuilder:
             text = f"{instruction}\n\n{text}"
         return text
 
-    def start(self, reset: ResetOutcome) -> None:
-        self.episode.episode_id = reset.episode_id
+    def start(self, reset: ResetOutcome, reset_s: float = 0.0) -> None:
+        self.episode.episode_id, self.episode.reset_s = reset.episode_id, reset_s
         self.observation = reset.observation
 
     def next_request(self) -> tuple[list[int], SamplingParams] | None:
@@ -231,7 +233,8 @@ async def run_episode(
     `TimeoutError` (the scheduler retries or drops the group; nothing partial is returned)."""
     started = time.perf_counter()
     episode = builder.episode
-    builder.start(await session.reset(seed=episode.seed))
+    reset = await session.reset(seed=episode.seed)
+    builder.start(reset, time.perf_counter() - started)
     while (request := builder.next_request()) is not None:
         prompt, params = request
         t0 = time.perf_counter()

@@ -67,7 +67,7 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
         elif isinstance(outcome, BaseException):
             raise outcome
         else:
-            builders[i].start(outcome)  # type: ignore[union-attr]
+            builders[i].start(outcome, time.perf_counter() - started)  # type: ignore[union-attr]
     while True:
         requests = {i: r for i in live() if (r := builders[i].next_request()) is not None}  # type: ignore[union-attr]
         if not requests:

@@ -53,6 +53,8 @@ def batch_metrics(
         "rollout/gen_tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
+        "env/reset_latency_s": mean("reset_latency_s"),
+        **{f"env/{name}_total": float(value) for name, value in scheduler.pool.counters().items()},
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }

@@ -77,6 +77,9 @@ async def test_short_outages_of_the_only_server_cost_retries_not_the_run(
                 await outage
             assert pool.stats["ejections"] >= 1, "the outage was seen (the test froze the server in time)"
             assert scheduler.counters["outage_waits"] >= 1, "failures during the outage used no retry"
+            # the batch's env/ counters say so too (running totals)
+            assert batch.metrics["env/ejections_total"] == pool.stats["ejections"] >= 1
+            assert batch.metrics["env/failed_calls_total"] >= 1 and batch.metrics["env/resets_total"] >= 6 * 8
         finally:
             await scheduler.close()
         assert scheduler.running == 0, "every episode slot is given back, however its task ended"

@@ -170,10 +170,9 @@ class GroupSelection:
         def flat_share(groups: Sequence[Group]) -> float:
             return sum(self.filter.flat(g) for g in groups) / len(groups) if groups else 0.0
 
-        metrics = {
-            "rollout/groups_filtered": float(len(filtered)),
-            "rollout/extra_groups": float(len(collected) - self.needed),
-            "rollout/flat_group_share_before_filter": flat_share(collected),
-            "rollout/flat_group_share": flat_share(chosen),
-        }
+        metrics = {"rollout/flat_group_share": flat_share(chosen)}
+        if type(self.filter) is not GroupFilter:  # without a filter these would read 0, 0 and the share again
+            metrics["rollout/groups_filtered"] = float(len(filtered))
+            metrics["rollout/extra_groups"] = float(len(collected) - self.needed)
+            metrics["rollout/flat_group_share_before_filter"] = flat_share(collected)
         return chosen, filtered, metrics

@@ -64,6 +64,14 @@ def test_zero_variance_bound_completes_the_batch_with_the_least_flat_groups() ->
     assert metrics["rollout/extra_groups"] == 3 and metrics["rollout/flat_group_share"] == 1.0
 
 
+def test_without_a_filter_only_the_flat_share_is_reported() -> None:
+    """No always-zero counters: ``kind: none`` filters nothing and plays nothing extra, so it says only that."""
+    selection, _ = collect(GroupFilterConfig("none"), 2, [[1, 1], [0, 1]])
+    chosen, filtered, metrics = selection.result()
+    assert [g.index for g in chosen] == [0, 1] and filtered == []
+    assert metrics == {"rollout/flat_group_share": 0.5}
+
+
 def test_top_p_variance_over_samples_and_keeps_the_largest_spread() -> None:
     stream = [[0, 0], [0, 4], [1, 2], [0, 0], [7, 7], [0, 10]]
     selection, taken = collect(GroupFilterConfig("top_p_variance", top_p=0.5), 3, stream)

@@ -120,6 +120,7 @@ def _run(args: list[str] | None) -> None:
 
 
 def _trainer_defaults() -> dict[str, Any]:
+    from roll_lightning.callbacks.dashboard import HeadlineDashboard
     from roll_lightning.callbacks.summary import RunSummary
     from roll_lightning.checkpoints import StepCheckpoint
 
@@ -127,7 +128,8 @@ def _trainer_defaults() -> dict[str, Any]:
     # last` after a kill loses at most the step in flight (see roll_lightning.checkpoints)
     checkpoint = StepCheckpoint()
     return {
-        "callbacks": [checkpoint, RunSummary()],  # RunSummary: where everything went, how to resume
+        # RunSummary: where everything went, how to resume; HeadlineDashboard: TensorBoard's headline charts
+        "callbacks": [checkpoint, RunSummary(), HeadlineDashboard()],
         "max_steps": -1,  # the run's length is model.rollout_steps (Lightning counts optimiser steps)
         "max_epochs": -1,  # the rollout stream is endless: epochs mean nothing here
         "accelerator": "auto",

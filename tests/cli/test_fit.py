@@ -118,6 +118,8 @@ def test_tensorboard_logger_gets_the_metrics(tmp_path: Path) -> None:
     # the x axis is the rollout step, counted from 1 as the terminal and the trajectory dumps count it
     assert [event.step for event in accumulator.Scalars("rollout/success_rate")] == [1, 2]
     assert "step" not in scalars
+    # the Custom Scalars page opens on the headline charts (success, return, invalid replies, step time)
+    assert "custom_scalars__config__" in accumulator.Tags()["tensors"]
 
 
 def test_the_llm_sokoban_config_runs_on_the_tiny_model(tmp_path: Path) -> None:

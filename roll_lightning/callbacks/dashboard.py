@@ -1,0 +1,31 @@
+"""`HeadlineDashboard`: TensorBoard's Custom Scalars page opens on what a run is for.
+
+TensorBoard's Scalars page lists every metric by namespace, alphabetically (``env/`` first). This callback
+adds one layout to each `TensorBoardLogger` of the run, so the Custom Scalars page shows the headline charts
+first: success (training episodes and held-out, on one chart), return, and where the time goes.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+
+LAYOUT: dict[str, dict[str, list[object]]] = {
+    "headline": {
+        "success rate (training episodes, held-out)": ["Multiline", ["rollout/success_rate", "eval/success_rate"]],
+        "return (training episodes, held-out)": ["Multiline", ["rollout/return_mean", "eval/return_mean"]],
+        "invalid replies": ["Multiline", ["rollout/invalid_action_rate", "eval/invalid_action_rate"]],
+    },
+    "time per rollout step (s)": {
+        "split": ["Multiline", ["timing/step_s", "timing/rollout_s", "timing/train_s", "sync/total_s"]],
+    },
+}
+
+
+class HeadlineDashboard(L.Callback):
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank != 0:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_custom_scalars(LAYOUT)

@@ -350,10 +350,9 @@ class AgentRLModule(L.LightningModule):
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
-        success = float(batch.metrics.get("rollout/success_rate", 0.0))
         self.log("step", float(self.rollout_steps), batch_size=len(batch.episode_metrics))  # the x axis, as above
         if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
-            self._report_eval(float(self.trainer.strategy.reduce(torch.tensor(success), reduce_op="mean")))
+            self._report_eval(self._reduced(metrics))
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
@@ -362,25 +361,26 @@ class AgentRLModule(L.LightningModule):
         evaluation = getattr(datamodule, "evaluation", None)
         if evaluation is None or not evaluation.at_fit_start or self.rollout_steps > 0:
             return
-        metrics = eval_metrics(datamodule.evaluate())
+        reduced = self._reduced(eval_metrics(datamodule.evaluate()))
         # Lightning's own logging only flushes validation results inside its loops, hence the loggers directly.
-        reduced = {
-            k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()
-        }
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
         if "eval/success_rate" in reduced:
-            self._report_eval(reduced["eval/success_rate"])
+            self._report_eval(reduced)
 
-    def _report_eval(self, success: float) -> None:
+    def _reduced(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``metrics`` averaged over the ranks."""
+        return {k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()}
+
+    def _report_eval(self, metrics: dict[str, float]) -> None:
         """Record a held-out evaluation during fit; `RunProgress` prints it, or the log when there is no bar."""
         from roll_lightning.callbacks.progress import RunProgress
 
         if self.eval_reports and self.eval_reports[-1].step == self.rollout_steps:
             return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
         minutes = (time.perf_counter() - self.fit_started) / 60
-        first = self.eval_reports[0].success if self.eval_reports else None
-        report = EvalReport(self.rollout_steps, success, minutes, first)
+        first = self.eval_reports[0] if self.eval_reports else None
+        report = EvalReport.of(self.rollout_steps, metrics, minutes, first)
         self.eval_reports.append(report)
         if not isinstance(self.trainer.progress_bar_callback, RunProgress):
             from lightning.pytorch.utilities import rank_zero_info
@@ -420,6 +420,10 @@ def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
     training rollouts: ``rollout/`` is what the update trained on)."""
     keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
     out = {f"eval/{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
+    for key, value in batch.metrics.items():  # a multi-env evaluation's tags: rollout/<tag>/<name>
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "rollout" and parts[2] in keys:
+            out[f"eval/{parts[1]}/{parts[2]}"] = float(value)
     if len(batch):
         out["eval/policy_version"] = float(batch.policy_version.min())  # the weights that played
     return out

@@ -76,7 +76,9 @@ class RunProgress(ProgressBar):
         text = f"fit: {Path(module.model_path).name} ({_count(weights)} weights)"
         data = trainer.datamodule
         if isinstance(data, RolloutDataModule):
-            text += f" on {data.rollout.env_id}, {data.rollout.batch_size} episodes per rollout step"
+            lanes = data.rollout.lanes
+            envs = lanes[0].env_id if len(lanes) == 1 else " + ".join(f"{x.tag} ({x.groups} groups)" for x in lanes)
+            text += f" on {envs}, {data.rollout.batch_size} episodes per rollout step"
         if module.rollout_steps_limit:
             text += f", {module.rollout_steps_limit} steps"
         left = _seconds_left(trainer)
@@ -132,6 +134,9 @@ class RunProgress(ProgressBar):
             parts[0] += f", ETA {clock(eta)}"
         if "rollout/success_rate" in metrics:
             parts.append(f"success {metrics['rollout/success_rate']:.2f} return {metrics['rollout/return_mean']:.2f}")
+            tags = {k.split("/")[1]: v for k, v in metrics.items() if _tag_success(k)}
+            if tags:  # a multi-env run: each env's success
+                parts[-1] += " (" + " ".join(f"{tag} {value:.2f}" for tag, value in tags.items()) + ")"
         if module.eval_reports:
             last = module.eval_reports[-1]
             parts.append(f"held-out {100 * last.success:.1f}% (step {last.step})")
@@ -154,6 +159,12 @@ class RunProgress(ProgressBar):
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def _tag_success(key: str) -> bool:
+    """``rollout/<tag>/success_rate``: one env's success in a multi-env run."""
+    parts = key.split("/")
+    return len(parts) == 3 and parts[0] == "rollout" and parts[2] == "success_rate"
 
 
 def _agent(pl_module: L.LightningModule) -> AgentRLModule:

@@ -98,6 +98,7 @@ def episode_record(
     record = {
         "step": step,
         "env_id": episode.env_id,
+        "tag": episode.tag or episode.env_id,
         "group": episode.group_key,
         "traj": episode.traj_key,
         "seed": episode.seed,

@@ -55,6 +55,7 @@ class Endpoint:
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
     mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
+    env_ids: frozenset[str] = frozenset()  # what the server serves (its ServerInfo); empty until it answers
     ejected: bool = False
     failures: int = 0
     last_error: str = ""  # what the endpoint last answered a failed health check with (for outage messages)
@@ -206,6 +207,7 @@ class EnvPool:
             if status == health_pb2.HealthCheckResponse.SERVING:
                 info = await ep.client.server_info(self.health_timeout_s)
                 ep.capacity = info.max_sessions
+                ep.env_ids = frozenset(info.env_ids)
                 if not ep.creating:  # otherwise the server's count misses our in-flight placements
                     ep.active = info.active_sessions
                 ep.accepting = not info.draining
@@ -244,14 +246,20 @@ class EnvPool:
         """True while no endpoint is healthy (new sessions wait in `open`)."""
         return not self.healthy_endpoints()
 
-    async def wait_available(self) -> None:
-        """Return once some endpoint is healthy; raise `EnvOutage` when the outage outlasts `outage_timeout_s`."""
-        while not self.healthy_endpoints():
-            loop = asyncio.get_running_loop()
-            since = self._down_since if self._down_since is not None else loop.time()
+    async def wait_available(self, env_id: str | None = None) -> None:
+        """Return once some endpoint (serving ``env_id``, when given) is healthy; raise `EnvOutage` when the
+        outage outlasts `outage_timeout_s` (counted from when the last endpoint went down, or from this call
+        when only ``env_id``'s endpoints are down)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while not self.healthy_endpoints(env_id):
+            since = self._down_since if self._down_since is not None else started
             left = since + self.outage_timeout_s - loop.time()
             if left <= 0:
                 raise EnvOutage(self._outage_message(loop.time() - since))
+            if self.healthy_endpoints():  # only this env's endpoints are down: poll at the health checks' pace
+                await asyncio.sleep(min(left, self.health_interval_s))
+                continue
             try:
                 async with asyncio.timeout(left):
                     await self._available.wait()
@@ -284,8 +292,23 @@ class EnvPool:
             await asyncio.sleep(self.health_interval_s)
             await self._check(ep)
 
-    def healthy_endpoints(self) -> list[str]:
-        return [ep.address for ep in self.endpoints if ep.accepting and not ep.ejected]
+    def healthy_endpoints(self, env_id: str | None = None) -> list[str]:
+        """Endpoints taking new sessions (only those serving ``env_id``, when given)."""
+        return [ep.address for ep in self.endpoints if ep.accepting and not ep.ejected and _serves(ep, env_id)]
+
+    def served(self) -> dict[str, list[str]]:
+        """The env ids each endpoint serves, as last reported (empty for one that has not answered)."""
+        return {ep.address: sorted(ep.env_ids) for ep in self.endpoints}
+
+    async def wait_serving(self, env_id: str) -> bool:
+        """Wait (up to ``start_timeout_s``) for a healthy endpoint that serves ``env_id``; False if none comes."""
+        deadline = asyncio.get_running_loop().time() + self.start_timeout_s
+        while not self.healthy_endpoints(env_id):
+            answered = all(ep.env_ids or ep.ejected for ep in self.endpoints)
+            if answered or asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(min(0.25, self.health_interval_s))
+        return True
 
     async def open(self, env_id: str, config: dict[str, Any] | None = None, *, tag: str = "") -> EnvSession:
         """Create a session for ``env_id`` on the endpoint with the most free capacity."""
@@ -294,10 +317,12 @@ class EnvPool:
             request.config.update(config)
         tried: list[str] = []
         while True:
-            candidates = [ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0]
+            candidates = [
+                ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0 and _serves(ep, env_id)
+            ]
             candidates = [ep for ep in candidates if ep.address not in tried]
-            if not candidates and not tried and not self.healthy_endpoints():
-                await self.wait_available()  # an outage: wait for an endpoint to come back (bounded)
+            if not candidates and not tried and not self.healthy_endpoints(env_id):
+                await self.wait_available(env_id)  # an outage: wait for an endpoint to come back (bounded)
                 continue
             if not candidates:
                 raise NoEndpointAvailable(
@@ -465,3 +490,8 @@ def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: fl
                 session_id=session_id,
             )
         )
+
+
+def _serves(ep: Endpoint, env_id: str | None) -> bool:
+    """``ep`` serves ``env_id`` (any env when not given, or when the server lists none)."""
+    return env_id is None or not ep.env_ids or env_id in ep.env_ids

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from roll_lightning.rollout.episode import EpisodeSettings
 from roll_lightning.rollout.filters import GroupFilterConfig
+from roll_lightning.rollout.tags import (
+    EvalEnv,
+    Lane,
+    RolloutConfigError,
+    TrainEnv,
+    check_episode,
+    resolve,
+    split_evenly,
+)
+
+if TYPE_CHECKING:
+    from roll_lightning.envs import EnvPool
+
+__all__ = ["GROUP_ESTIMATORS", "EnvsConfig", "EvalConfig", "RolloutConfig", "RolloutConfigError"]
 
 GROUP_ESTIMATORS = ("grpo", "gigpo")
-
-
-class RolloutConfigError(ValueError):
-    """A rollout setting that cannot work; the message names the key."""
+DEFAULT_ENV = "sokoban"
 
 
 @dataclass(frozen=True)
@@ -20,10 +33,13 @@ class RolloutConfig:
     """How episodes are collected.
 
     Args:
-        env_id: the env every episode plays, as registered on the env servers. Built in: ``sokoban``,
-            ``frozenlake``, ``webshop``, ``gem:<id>`` (a GEM game), ``gym:<id>``; ``python -m env_servers describe
-            ID`` prints one's spec and config keys (for ``env_config``).
+        env_id: the env every episode plays, as registered on the env servers (default ``sokoban``). Built in:
+            ``sokoban``, ``frozenlake``, ``webshop``, ``gem:<id>`` (a GEM game), ``gym:<id>``; ``python -m
+            env_servers describe ID`` prints one's spec and config keys (for ``env_config``).
         env_config: per-session env config (validated by the server against its schema).
+        envs: several envs in one run, instead of ``env_id``/``env_config``: a list of ``{tag, env_id,
+            env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`); every batch holds exactly
+            ``groups`` groups of each, in list order, and each tag gets its own metrics (``rollout/<tag>/...``).
         group_size: episodes per group; all start from the same seed.
         group_redundancy: extra members started per group; the first ``group_size`` to finish are kept.
         batch_size: trajectories (episodes) per `get_batch`; a multiple of ``group_size``.
@@ -48,8 +64,9 @@ class RolloutConfig:
         episode: layout, max turns, context budget, sampling, prompt rendering.
     """
 
-    env_id: str = "sokoban"
+    env_id: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
+    envs: list[TrainEnv] = field(default_factory=list)
     group_size: int = 8
     group_redundancy: int = 0
     batch_size: int = 64
@@ -66,44 +83,224 @@ class RolloutConfig:
     group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "envs", [_entry(TrainEnv, e, f"data.rollout.envs[{i}]") for i, e in enumerate(self.envs)]
+        )
         positive = ("group_size", "batch_size", "concurrent_episodes", "max_failed_groups_in_a_row")
         for name in positive:
             if getattr(self, name) < 1:
-                raise RolloutConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+                raise RolloutConfigError(f"data.rollout.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("group_redundancy", "max_staleness", "episode_retries", "retry_backoff_s"):
             if getattr(self, name) < 0:
-                raise RolloutConfigError(f"rollout.{name} must be >= 0, got {getattr(self, name)}")
+                raise RolloutConfigError(f"data.rollout.{name} must be >= 0, got {getattr(self, name)}")
         if self.batch_size % self.group_size:
             raise RolloutConfigError(
-                f"rollout.batch_size={self.batch_size} is not divisible by rollout.group_size={self.group_size}: "
-                "a batch holds whole groups"
+                f"data.rollout.batch_size={self.batch_size} is not divisible by "
+                f"data.rollout.group_size={self.group_size}: a batch holds whole groups"
             )
         if self.mode not in ("async", "lockstep"):
-            raise RolloutConfigError(f"rollout.mode must be 'async' or 'lockstep', got {self.mode!r}")
-        if self.episode.layout not in ("trajectory", "step"):
-            raise RolloutConfigError(
-                f"rollout.episode.layout must be 'trajectory' or 'step', got {self.episode.layout!r}"
-            )
-        if self.episode.max_turns < 1:
-            raise RolloutConfigError(f"rollout.episode.max_turns must be >= 1, got {self.episode.max_turns}")
-        if self.episode.max_context_tokens <= self.episode.sampling.max_new_tokens:
-            raise RolloutConfigError(
-                f"rollout.episode.max_context_tokens={self.episode.max_context_tokens} leaves no room for a prompt "
-                f"next to max_new_tokens={self.episode.sampling.max_new_tokens}: one turn must fit"
-            )
+            raise RolloutConfigError(f"data.rollout.mode must be 'async' or 'lockstep', got {self.mode!r}")
+        check_episode(self.episode, "data.rollout.episode")
         self.group_filter.check(self.group_size)
+        _ = self.lanes  # resolve (and check) the env list now, not at the first batch
         for name in ("turn_timeout_s", "episode_timeout_s"):
             if getattr(self, name) <= 0:
-                raise RolloutConfigError(f"rollout.{name} must be > 0, got {getattr(self, name)}")
+                raise RolloutConfigError(f"data.rollout.{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def groups_per_batch(self) -> int:
         return self.batch_size // self.group_size
 
+    @cached_property
+    def lanes(self) -> tuple[Lane, ...]:
+        """The envs this rollout plays, each with its groups per batch (one lane in the single-env form)."""
+        if not self.envs:
+            env_id = self.env_id or DEFAULT_ENV
+            lane = Lane(
+                env_id, env_id, dict(self.env_config), self.groups_per_batch, self.episode, None, None, "data.rollout"
+            )
+            return (lane,)
+        if self.env_id is not None or self.env_config:
+            raise RolloutConfigError(
+                "data.rollout.env_id/env_config and data.rollout.envs are both set: give one env (env_id) or a "
+                "list (envs)"
+            )
+        given = [entry.groups for entry in self.envs]
+        if all(g is None for g in given):
+            shares = split_evenly(self.groups_per_batch, len(self.envs), "data.rollout.envs")
+        elif any(g is None for g in given):
+            missing = ", ".join(f"data.rollout.envs[{i}]" for i, g in enumerate(given) if g is None)
+            raise RolloutConfigError(f"{missing}: no 'groups'; give every entry its groups per batch, or none")
+        else:
+            shares = [int(g) for g in given]  # type: ignore[arg-type]
+            for i, g in enumerate(shares):
+                if g < 1:
+                    raise RolloutConfigError(f"data.rollout.envs[{i}].groups must be >= 1, got {g}")
+            if sum(shares) != self.groups_per_batch:
+                raise RolloutConfigError(
+                    f"data.rollout.envs: the groups per batch ({' + '.join(map(str, shares))} = {sum(shares)}) "
+                    f"must sum to data.rollout.batch_size / data.rollout.group_size = {self.batch_size} / "
+                    f"{self.group_size} = {self.groups_per_batch}"
+                )
+        return resolve(list(self.envs), shares, self.episode, "data.rollout.envs")
+
+    @property
+    def tagged(self) -> bool:
+        """True when the config names its envs (``envs``): each tag then gets its own metrics."""
+        return bool(self.envs)
+
     def check_estimator(self, estimator: str) -> None:
         """Group-normalised estimators compare members of a group: a group of one has nothing to compare."""
         if estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise RolloutConfigError(
-                f"rollout.group_size={self.group_size}: the '{estimator}' estimator normalises within groups and "
+                f"data.rollout.group_size={self.group_size}: the '{estimator}' estimator normalises within groups and "
                 "needs group_size >= 2"
             )
+
+
+@dataclass(frozen=True)
+class EnvsConfig:
+    """Where the env servers are.
+
+    Args:
+        endpoints: ``local`` (this process starts ``local_servers`` servers for the run's envs and stops them at
+            the end) or a list of ``host:port`` of servers started with ``python -m env_servers serve``. An env
+            of ``rollout.envs`` may name its own (``endpoints`` in its entry); sessions of an env go only to
+            servers that list it in their ServerInfo.
+        local_servers: server processes per rank when ``endpoints`` is ``local``.
+        local_args: extra ``serve`` arguments for local servers (e.g. ``["--import", "my_envs"]``).
+        token: bearer token for remote servers; tls_root_cert: PEM file to verify them (enables TLS).
+        transport: ``batch`` (concurrent calls share one RPC), ``stream`` or ``unary``.
+        call_timeout_s / reset_timeout_s: deadline of a step / a reset.
+        outage_timeout_s: when every endpoint is down (unreachable, frozen, restarting, draining), new episodes
+            wait this long for one to come back, without using their retries; longer, and the run stops with a
+            message naming the endpoints and how long they were down (0 = stop at once).
+    """
+
+    endpoints: str | list[str] = "local"
+    local_servers: int = 1
+    local_args: list[str] = field(default_factory=list)
+    token: str | None = None
+    tls_root_cert: str | None = None
+    tls_server_name: str | None = None
+    transport: Literal["batch", "stream", "unary"] = "batch"
+    call_timeout_s: float = 30.0
+    reset_timeout_s: float = 120.0
+    outage_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("call_timeout_s", "reset_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise RolloutConfigError(f"data.envs.{name} must be > 0, got {getattr(self, name)}")
+        if self.outage_timeout_s < 0:
+            raise RolloutConfigError(f"data.envs.outage_timeout_s must be >= 0, got {self.outage_timeout_s}")
+
+    def pool(self, endpoints: str | tuple[str, ...], env_ids: list[str]) -> EnvPool:
+        """A pool over ``endpoints`` (``local``: servers started here for ``env_ids``)."""
+        from roll_lightning.envs import EnvPool
+
+        cert = Path(self.tls_root_cert).read_bytes() if self.tls_root_cert else None
+        return EnvPool(
+            endpoints if isinstance(endpoints, str) else list(endpoints),
+            local_envs=env_ids,
+            local_servers=self.local_servers,
+            local_args=self.local_args,
+            token=self.token,
+            tls_root_cert=cert,
+            tls_server_name=self.tls_server_name,
+            transport=self.transport,
+            call_timeout_s=self.call_timeout_s,
+            reset_timeout_s=self.reset_timeout_s,
+            outage_timeout_s=self.outage_timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation episodes (``validate``, and during ``fit`` every ``trainer.val_check_interval`` steps).
+
+    Args:
+        episodes: episodes per evaluation, one per held-out start (seeds disjoint from every training seed; the
+            same starts at every evaluation, so results compare across steps).
+        temperature: sampling temperature (0 = greedy: the policy's best guess).
+        max_new_tokens: reply budget (None = the training rollout's).
+        during_fit: also evaluate during ``fit`` (every ``trainer.val_check_interval`` training steps; set both).
+            Off by default: evaluation episodes are whole rollouts, and Lightning would otherwise run them at
+            the end of every fit.
+        at_fit_start: also evaluate once before the first update of a fresh ``fit`` (logged at step 0), so a
+            learning curve starts from the untrained policy. Not repeated when a run resumes.
+        envs: held-out envs (ROLL's validation tags), e.g. sizes training never plays: a list of ``{tag, env_id,
+            env_config, episodes, episode, endpoints}`` (`rollout.tags.EvalEnv`); metrics per tag under
+            ``eval/<tag>/...``. Empty: the training envs, ``episodes`` held-out starts each.
+    """
+
+    episodes: int = 32
+    temperature: float = 0.0
+    max_new_tokens: int | None = None
+    during_fit: bool = False
+    at_fit_start: bool = False
+    envs: list[EvalEnv] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        rules = {
+            "episodes": (self.episodes >= 1, ">= 1"),
+            "temperature": (self.temperature >= 0, ">= 0 (0 = greedy)"),
+            "max_new_tokens": (self.max_new_tokens is None or self.max_new_tokens >= 1, ">= 1, or null"),
+        }
+        for key, (ok, rule) in rules.items():
+            if not ok:
+                raise RolloutConfigError(f"data.evaluation.{key} must be {rule}, got {getattr(self, key)!r}")
+        object.__setattr__(
+            self, "envs", [_entry(EvalEnv, e, f"data.evaluation.envs[{i}]") for i, e in enumerate(self.envs)]
+        )
+        for i, entry in enumerate(self.envs):
+            if entry.episodes is not None and entry.episodes < 1:
+                raise RolloutConfigError(f"data.evaluation.envs[{i}].episodes must be >= 1, got {entry.episodes}")
+
+    def rollout(self, train: RolloutConfig) -> RolloutConfig:
+        """The evaluation as a rollout: groups of one, each held-out start once, no filter, no run-ahead."""
+        sampling = train.episode.sampling.replace(
+            temperature=self.temperature, max_new_tokens=self.max_new_tokens or train.episode.sampling.max_new_tokens
+        )
+        episode = replace(train.episode, sampling=sampling)
+        entries = self.entries(train)
+        if entries:
+            shares = [e.episodes or self.episodes for e in entries]
+            resolve(entries, shares, episode, "data.evaluation.envs")  # checked here, so errors name these keys
+            envs = [
+                TrainEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints, groups=n)
+                for e, n in zip(entries, shares, strict=True)
+            ]
+            total, single = sum(shares), {"env_id": None, "env_config": {}}
+        else:
+            envs, total, single = [], self.episodes, {}
+        return replace(
+            train,
+            **single,
+            envs=envs,
+            group_size=1,
+            group_redundancy=0,
+            batch_size=total,
+            concurrent_episodes=max(train.concurrent_episodes, total),
+            max_staleness=0,  # start exactly the held-out groups asked for, no run-ahead
+            group_filter=GroupFilterConfig(),  # every held-out start counts, whatever its members scored
+            episode=episode,
+        )
+
+    def entries(self, train: RolloutConfig) -> list[EvalEnv]:
+        """The held-out envs: ``envs``, else the training list's envs (none for a single-env run)."""
+        if self.envs:
+            return list(self.envs)
+        return [EvalEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints) for e in train.envs]
+
+
+def _entry(kind: type[Any], value: Any, key: str) -> Any:
+    """An env list entry from a mapping (Python callers) or as given (the CLI builds the dataclass)."""
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, dict):
+        raise RolloutConfigError(f"{key} must be a mapping with tag, env_id, ...; got {value!r}")
+    try:
+        return kind(**value)
+    except TypeError as err:
+        raise RolloutConfigError(f"{key}: {err}") from err

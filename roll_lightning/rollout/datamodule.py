@@ -19,125 +19,25 @@ import logging
 import signal
 import threading
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
-from roll_lightning.envs.errors import EndpointRefused
 from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
+from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
-from roll_lightning.rollout.filters import GroupFilterConfig
 from roll_lightning.rollout.scheduler import RolloutScheduler
+from roll_lightning.rollout.servers import EnvServers
+from roll_lightning.rollout.tags import Lane
+
+__all__ = ["EnvsConfig", "EvalConfig", "RolloutDataModule"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class EnvsConfig:
-    """Where the env servers are.
-
-    Args:
-        endpoints: ``local`` (this process starts ``local_servers`` servers for the rollout's env and stops them
-            at the end) or a list of ``host:port`` of servers started with ``python -m env_servers serve``.
-        local_servers: server processes per rank when ``endpoints`` is ``local``.
-        local_args: extra ``serve`` arguments for local servers (e.g. ``["--import", "my_envs"]``).
-        token: bearer token for remote servers; tls_root_cert: PEM file to verify them (enables TLS).
-        transport: ``batch`` (concurrent calls share one RPC), ``stream`` or ``unary``.
-        call_timeout_s / reset_timeout_s: deadline of a step / a reset.
-        outage_timeout_s: when every endpoint is down (unreachable, frozen, restarting, draining), new episodes
-            wait this long for one to come back, without using their retries; longer, and the run stops with a
-            message naming the endpoints and how long they were down (0 = stop at once).
-    """
-
-    endpoints: str | list[str] = "local"
-    local_servers: int = 1
-    local_args: list[str] = field(default_factory=list)
-    token: str | None = None
-    tls_root_cert: str | None = None
-    tls_server_name: str | None = None
-    transport: Literal["batch", "stream", "unary"] = "batch"
-    call_timeout_s: float = 30.0
-    reset_timeout_s: float = 120.0
-    outage_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        for name in ("call_timeout_s", "reset_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise RolloutConfigError(f"data.envs.{name} must be > 0, got {getattr(self, name)}")
-        if self.outage_timeout_s < 0:
-            raise RolloutConfigError(f"data.envs.outage_timeout_s must be >= 0, got {self.outage_timeout_s}")
-
-    def pool(self, env_id: str) -> EnvPool:
-        cert = Path(self.tls_root_cert).read_bytes() if self.tls_root_cert else None
-        return EnvPool(
-            self.endpoints,
-            local_envs=[env_id],
-            local_servers=self.local_servers,
-            local_args=self.local_args,
-            token=self.token,
-            tls_root_cert=cert,
-            tls_server_name=self.tls_server_name,
-            transport=self.transport,
-            call_timeout_s=self.call_timeout_s,
-            reset_timeout_s=self.reset_timeout_s,
-            outage_timeout_s=self.outage_timeout_s,
-        )
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Evaluation episodes (``validate``, and during ``fit`` every ``trainer.val_check_interval`` steps).
-
-    Args:
-        episodes: episodes per evaluation, one per held-out start (seeds disjoint from every training seed; the
-            same starts at every evaluation, so results compare across steps).
-        temperature: sampling temperature (0 = greedy: the policy's best guess).
-        max_new_tokens: reply budget (None = the training rollout's).
-        during_fit: also evaluate during ``fit`` (every ``trainer.val_check_interval`` training steps; set both).
-            Off by default: evaluation episodes are whole rollouts, and Lightning would otherwise run them at
-            the end of every fit.
-        at_fit_start: also evaluate once before the first update of a fresh ``fit`` (logged at step 0), so a
-            learning curve starts from the untrained policy. Not repeated when a run resumes.
-    """
-
-    episodes: int = 32
-    temperature: float = 0.0
-    max_new_tokens: int | None = None
-    during_fit: bool = False
-    at_fit_start: bool = False
-
-    def __post_init__(self) -> None:
-        rules = {
-            "episodes": (self.episodes >= 1, ">= 1"),
-            "temperature": (self.temperature >= 0, ">= 0 (0 = greedy)"),
-            "max_new_tokens": (self.max_new_tokens is None or self.max_new_tokens >= 1, ">= 1, or null"),
-        }
-        for key, (ok, rule) in rules.items():
-            if not ok:
-                raise RolloutConfigError(f"data.evaluation.{key} must be {rule}, got {getattr(self, key)!r}")
-
-    def rollout(self, train: RolloutConfig) -> RolloutConfig:
-        sampling = train.episode.sampling.replace(
-            temperature=self.temperature, max_new_tokens=self.max_new_tokens or train.episode.sampling.max_new_tokens
-        )
-        return replace(
-            train,
-            group_size=1,
-            group_redundancy=0,
-            batch_size=self.episodes,
-            concurrent_episodes=max(train.concurrent_episodes, self.episodes),
-            max_staleness=0,  # start exactly the held-out groups asked for, no run-ahead
-            group_filter=GroupFilterConfig(),  # every held-out start counts, whatever its members scored
-            episode=replace(train.episode, sampling=sampling),
-        )
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -167,10 +67,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollout = rollout
         self.envs = envs
         self.engine_config = engine
+        evaluation.rollout(rollout)  # checked now: a bad evaluation list fails before anything starts
         self.engine: GenerationEngine | None = None
         self.scheduler: RolloutScheduler | None = None
         self.tokenizer: Any = None
-        self._pool: EnvPool | None = None
+        self.servers: EnvServers | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -197,30 +98,26 @@ class RolloutDataModule(L.LightningDataModule):
             raise
 
     async def _start(self, rank: int, world: int) -> None:
-        self._pool = self.envs.pool(self.rollout.env_id)
-        env = f"data.rollout.env_id={self.rollout.env_id!r}"
-        try:
-            await self._pool.start()
-        except EndpointRefused as err:
-            raise RolloutConfigError(f"data.envs.token: {err}") from err
-        except NoEndpointAvailable as err:
-            raise RolloutConfigError(f"data.envs.endpoints={self.envs.endpoints!r}: {err}") from err
-        except RuntimeError as err:  # a local server that would not start: usually the env id or its import
-            raise RolloutConfigError(f"{env}: the local env server did not start: {err}") from err
-        try:  # one throw-away session: a wrong env id or config fails now, before a model is loaded
-            probe = await self._pool.open(self.rollout.env_id, self.rollout.env_config)
-        except EpisodeFailed as err:
-            raise RolloutConfigError(
-                f"{env} with data.rollout.env_config={self.rollout.env_config}: {err.detail}"
-            ) from err
-        await probe.close()
+        self.servers = EnvServers(self.envs, [*self.rollout.lanes, *self.eval_lanes()])
+        await self.servers.start(self.tokenizer)  # env ids, configs, endpoints, budgets: all checked here
         # Engines load models: off the loop, so env health checks keep running meanwhile.
         self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model)
-        self.scheduler = RolloutScheduler(
-            self._pool, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world
-        )
+        pools = self.servers.pools_for(self.rollout.lanes)
+        self.scheduler = RolloutScheduler(pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world)
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
+
+    @property
+    def eval_rollout(self) -> RolloutConfig:
+        """The evaluation as a rollout config (groups of one over the held-out envs)."""
+        return self.evaluation.rollout(self.rollout)
+
+    def eval_lanes(self) -> list[Lane]:
+        """The held-out envs, each named by the config key that defines it (for messages)."""
+        lanes = self.eval_rollout.lanes
+        if self.evaluation.envs:
+            return [replace(lane, key=f"data.evaluation.envs[{i}]") for i, lane in enumerate(lanes)]
+        return [replace(lane, key=train.key) for lane, train in zip(lanes, self.rollout.lanes, strict=True)]
 
     def on_exception(self, exception: BaseException) -> None:
         """Lightning skips `teardown` when a run fails or is interrupted: stop the servers and the engine anyway."""
@@ -241,7 +138,7 @@ class RolloutDataModule(L.LightningDataModule):
             self._thread.join(timeout=30)
         self._loop.close()
         self._loop = self._thread = None
-        self.scheduler = self.engine = self._pool = None
+        self.scheduler = self.engine = self.servers = None
 
     async def _stop(self) -> None:
         if self.scheduler is not None:
@@ -249,8 +146,8 @@ class RolloutDataModule(L.LightningDataModule):
             await self.scheduler.close()
         if self.engine is not None:
             await self.engine.close()
-        if self._pool is not None:
-            await self._pool.close()
+        if self.servers is not None:
+            await self.servers.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, interruptible: bool = False) -> T:
         """Run a coroutine on the rollout loop from any other thread and wait for its result.
@@ -320,14 +217,15 @@ class RolloutDataModule(L.LightningDataModule):
 
     def evaluate(self) -> RolloutBatch:
         """Play the held-out evaluation episodes once (the same starts every time) with the current weights."""
-        if self._pool is None or self.engine is None:
+        if self.servers is None or self.engine is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
         rank, world = self._rank_world()
-        config = self.evaluation.rollout(self.rollout)
+        config = self.eval_rollout
+        pools = self.servers.pools_for(config.lanes)
 
         async def play() -> RolloutBatch:
             scheduler = RolloutScheduler(
-                self._pool, self.engine, self.tokenizer, config, rank=rank, world_size=world, split="eval"
+                pools, self.engine, self.tokenizer, config, rank=rank, world_size=world, split="eval"
             )
             try:
                 return await scheduler.get_batch()

@@ -59,10 +59,11 @@ class Episode:
     wall_s: float = 0.0
     final_observation: str = ""  # what the env showed after the last move (the hole, the goal, the solved board)
     reset_s: float = 0.0  # how long the env's reset took, as the trainer saw it
+    tag: str = ""  # the env's tag in a multi-env run (rollout.envs); "" = the env id
 
     @property
     def group_key(self) -> str:
-        return f"{self.env_id}/g{self.group_index}/s{self.seed}"
+        return f"{self.tag or self.env_id}/g{self.group_index}/s{self.seed}"
 
     @property
     def traj_key(self) -> str:

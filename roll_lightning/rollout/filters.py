@@ -162,17 +162,28 @@ class GroupSelection:
         budget_left = self.target + self.max_extra - len(self.kept) - len(self.rejected)
         return max(0, min(self.target - len(self.kept), budget_left))
 
+    def choose(self) -> tuple[list[Group], list[Group]]:
+        """``(batch groups, filtered groups)``."""
+        return self.filter.choose(self.kept, self.rejected, self.needed)
+
     def result(self) -> tuple[list[Group], list[Group], dict[str, float]]:
-        """``(batch groups, filtered groups, rollout/ metrics)``."""
-        chosen, filtered = self.filter.choose(self.kept, self.rejected, self.needed)
-        collected = [*chosen, *filtered]
+        """``(batch groups, filtered groups, rollout/ metrics)`` of this selection alone."""
+        chosen, filtered = self.choose()
+        return chosen, filtered, filter_metrics(self.filter, chosen, filtered, self.needed)
 
-        def flat_share(groups: Sequence[Group]) -> float:
-            return sum(self.filter.flat(g) for g in groups) / len(groups) if groups else 0.0
 
-        metrics = {"rollout/flat_group_share": flat_share(chosen)}
-        if type(self.filter) is not GroupFilter:  # without a filter these would read 0, 0 and the share again
-            metrics["rollout/groups_filtered"] = float(len(filtered))
-            metrics["rollout/extra_groups"] = float(len(collected) - self.needed)
-            metrics["rollout/flat_group_share_before_filter"] = flat_share(collected)
-        return chosen, filtered, metrics
+def filter_metrics(
+    group_filter: GroupFilter, chosen: Sequence[Group], filtered: Sequence[Group], needed: int
+) -> dict[str, float]:
+    """``rollout/`` metrics of one batch's selection (over every env of the batch)."""
+    collected = [*chosen, *filtered]
+
+    def flat_share(groups: Sequence[Group]) -> float:
+        return sum(group_filter.flat(g) for g in groups) / len(groups) if groups else 0.0
+
+    metrics = {"rollout/flat_group_share": flat_share(chosen)}
+    if type(group_filter) is not GroupFilter:  # without a filter these would read 0, 0 and the share again
+        metrics["rollout/groups_filtered"] = float(len(filtered))
+        metrics["rollout/extra_groups"] = float(len(collected) - needed)
+        metrics["rollout/flat_group_share_before_filter"] = flat_share(collected)
+    return metrics

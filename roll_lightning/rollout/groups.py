@@ -21,6 +21,7 @@ class Group:
     seed: int
     size: int  # members needed (the group may run more, see redundancy)
     started_version: int
+    lane: int = 0  # which env of the run (its position in rollout.envs)
     episodes: list[Episode] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False  # released or dropped

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from roll_lightning.envs import EnvOutage
-from roll_lightning.rollout.episode import Episode, EpisodeBuilder
+from roll_lightning.rollout.episode import EpisodeBuilder
 from roll_lightning.rollout.filters import GroupSelection
 from roll_lightning.rollout.groups import Group
 from roll_lightning.rollout.scheduler import RETRYABLE
@@ -24,22 +24,28 @@ if TYPE_CHECKING:
     from roll_lightning.rollout.scheduler import RolloutScheduler
 
 
-async def collect_lockstep(scheduler: RolloutScheduler, selection: GroupSelection) -> None:
-    """Play rounds of as many groups as ``selection`` still misses (failed or filtered groups are replaced in
-    the next round) until it needs no more."""
-    while selection.missing:
-        if scheduler.queue.error is not None:
-            raise scheduler.queue.error
-        groups = [scheduler.new_group() for _ in range(selection.missing)]
+async def collect_lockstep(scheduler: RolloutScheduler, selections: list[GroupSelection]) -> None:
+    """Play rounds of as many groups as each env's selection still misses (failed or filtered groups are
+    replaced in the next round) until none needs more; every env's groups play in the same round."""
+    while any(selection.missing for selection in selections):
+        for lane in scheduler.lanes:
+            if lane.queue.error is not None:
+                raise lane.queue.error
+        groups = [
+            scheduler.new_group(lane)
+            for lane, selection in zip(scheduler.lanes, selections, strict=True)
+            for _ in range(selection.missing)
+        ]
         await _play_round(scheduler, groups)
-        for group in await scheduler.queue.take(scheduler.queue.ready):
-            selection.offer(group)
+        for lane, selection in zip(scheduler.lanes, selections, strict=True):
+            for group in await lane.queue.take(lane.queue.ready):
+                selection.offer(group)
 
 
 async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
     cfg = s.config
     members = [(g, m) for g in groups for m in range(g.size)]
-    opened = await asyncio.gather(*(s._session() for _ in members), return_exceptions=True)
+    opened = await asyncio.gather(*(s._session(s.lanes[g.lane]) for g, _ in members), return_exceptions=True)
     failed: set[int] = set()
     builders: list[EpisodeBuilder | None] = []
     for (group, member), session in zip(members, opened, strict=True):
@@ -49,8 +55,7 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
             _fail(s, failed, group, session)
             builders.append(None)
             continue
-        episode = Episode(group.index, member, group.seed, cfg.env_id, layout=cfg.episode.layout)
-        builders.append(EpisodeBuilder(s.tokenizer, cfg.episode, session.spec, episode, s.stop_ids))
+        builders.append(s.builder(s.lanes[group.lane], session, s.new_episode(group, member)))
     sessions = [x if not isinstance(x, BaseException) else None for x in opened]
 
     def live() -> list[int]:
@@ -110,18 +115,20 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
         if group.index in failed:
             s._discard(session)
             continue
-        s._idle_sessions.append(session)
+        lane = s.lanes[group.lane]
+        lane.idle_sessions.append(session)
         builder.episode.wall_s = wall
         s.counters["episodes"] += 1
-        s.queue.put(group.index, builder.episode)
+        lane.queue.put(group.index, builder.episode)
 
 
 def _fail(s: RolloutScheduler, failed: set[int], group: Group, err: BaseException) -> None:
     if group.index in failed:
         return
     failed.add(group.index)
-    outage = s.note_failure(err)
-    if s.queue.drop(group.index, "failed") is not None:
-        s._settle(group.index)
+    lane = s.lanes[group.lane]
+    outage = s.note_failure(err, lane)
+    if lane.queue.drop(group.index, "failed") is not None:
+        s.settle(group)
         if not outage:
             s._count_failed_group()

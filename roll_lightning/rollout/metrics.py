@@ -1,9 +1,10 @@
 """Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``: per batch,
-except the counters named ``_total`` (since the run started)."""
+except the counters named ``_total`` (since the run started). A run with named envs (``rollout.envs``) also logs
+each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...`` (`TAG_METRICS`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,7 @@ def batch_metrics(
     engine_after: dict[str, float],
 ) -> dict[str, float]:
     per_episode = [ep.metrics() for ep in episodes]
-
-    def mean(key: str) -> float:
-        return fmean(m[key] for m in per_episode) if per_episode else 0.0
+    mean = _means(per_episode)
 
     generated = engine_after.get("generated_tokens", 0.0) - engine_before.get("generated_tokens", 0.0)
     busy = engine_after.get("busy_s", 0.0) - engine_before.get("busy_s", 0.0)
@@ -48,14 +47,54 @@ def batch_metrics(
         "rollout/episodes": float(len(episodes)),
         # counted since the run started (the scheduler's counters), hence _total
         "rollout/episode_retries_total": float(scheduler.counters["episode_retries"]),
-        "rollout/dropped_groups_failed_total": float(scheduler.queue.counters["dropped_failed"]),
-        "rollout/dropped_groups_stale_total": float(scheduler.queue.counters["dropped_stale"]),
+        "rollout/dropped_groups_failed_total": scheduler.counter("dropped_failed"),
+        "rollout/dropped_groups_stale_total": scheduler.counter("dropped_stale"),
         "rollout/gen_tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
         "env/reset_latency_s": mean("reset_latency_s"),
-        **{f"env/{name}_total": float(value) for name, value in scheduler.pool.counters().items()},
+        **{f"env/{name}_total": value for name, value in _pool_counters(scheduler).items()},
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }
+    if scheduler.config.tagged:
+        for lane in scheduler.lanes:
+            out.update(
+                tag_metrics(lane.tag, [m for m, ep in zip(per_episode, episodes, strict=True) if ep.tag == lane.tag])
+            )
     return {k: float(v) for k, v in out.items()}
+
+
+# (namespace, name, per-episode key): what each tag of a multi-env run logs, e.g. rollout/sokoban/success_rate
+TAG_METRICS = (
+    ("rollout", "success_rate", "success"),
+    ("rollout", "return_mean", "return"),
+    ("rollout", "turns_mean", "turns"),
+    ("rollout", "invalid_action_rate", "invalid_action_rate"),
+    ("env", "step_latency_s", "env_latency_s"),
+    ("env", "reset_latency_s", "reset_latency_s"),
+)
+
+
+def tag_metrics(tag: str, per_episode: list[dict[str, float]]) -> dict[str, float]:
+    """One tag's share of a batch: `TAG_METRICS` over its episodes, and how many there were."""
+    mean = _means(per_episode)
+    out = {f"{space}/{tag}/{name}": mean(key) for space, name, key in TAG_METRICS}
+    out[f"rollout/{tag}/episodes"] = float(len(per_episode))
+    return out
+
+
+def _means(per_episode: list[dict[str, float]]) -> Callable[[str], float]:
+    def mean(key: str) -> float:
+        return fmean(m[key] for m in per_episode) if per_episode else 0.0
+
+    return mean
+
+
+def _pool_counters(scheduler: RolloutScheduler) -> dict[str, float]:
+    """The env pools' counters, summed over the distinct pools of the run's envs."""
+    totals: dict[str, float] = {}
+    for pool in {id(lane.pool): lane.pool for lane in scheduler.lanes}.values():
+        for name, value in pool.counters().items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+    return totals

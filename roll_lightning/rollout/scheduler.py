@@ -5,6 +5,10 @@ are pending, the env pool batches whatever steps are pending, so neither waits f
 scheduler starts only as many groups as waiting `get_batch` calls need plus ``max_staleness`` batches ahead.
 Lock-step mode (`lockstep.py`) plays a batch turn by turn instead.
 
+Several envs (``rollout.envs``): each is a lane (`lanes.py`) with its own groups, queue and resume position;
+a batch holds exactly each lane's share of groups, lane by lane in config order, and new groups are started
+round-robin over the lanes that still miss some, so no env waits behind another for running slots.
+
 Faults: a failed episode (`EpisodeFailed` from the env client, a turn or episode deadline) is replayed on a
 fresh session with the same seed, after a backoff that doubles with each failure; when its retries run out the
 whole group is dropped and replaced. A failure while every env endpoint is down is not the episode's fault and
@@ -23,8 +27,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Literal
 
 import grpc
@@ -35,8 +38,9 @@ from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
-from roll_lightning.rollout.filters import GroupSelection
-from roll_lightning.rollout.groups import Group, GroupQueue
+from roll_lightning.rollout.filters import GroupSelection, filter_metrics
+from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.lanes import LaneState, lane_states
 from roll_lightning.rollout.metrics import batch_metrics
 
 log = logging.getLogger(__name__)
@@ -49,19 +53,21 @@ REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 Split = Literal["train", "eval"]
 
 
-def group_seed(run_seed: int, group_index: int, split: Split = "train") -> int:
+def group_seed(run_seed: int, group_index: int, split: Split = "train", salt: int | None = None) -> int:
     """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree.
 
     Training seeds are even and evaluation seeds odd, so evaluation always plays starts training never saw.
+    ``salt`` (a tag's, see `tags.salt`) gives each env of a multi-env run its own seeds.
     """
-    value = int(np.random.SeedSequence([run_seed, group_index]).generate_state(1)[0] & 0x7FFF_FFFF)
+    entropy = [run_seed, group_index] if salt is None else [run_seed, salt, group_index]
+    value = int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFF_FFFF)
     return value | 1 if split == "eval" else value & ~1
 
 
 class RolloutScheduler:
     def __init__(
         self,
-        pool: EnvPool,
+        pool: EnvPool | Mapping[str, EnvPool],
         engine: GenerationEngine,
         tokenizer: Any,
         config: RolloutConfig,
@@ -71,13 +77,13 @@ class RolloutScheduler:
         stop_token_ids: Sequence[int] = (),
         split: Split = "train",
     ) -> None:
-        """Create on the asyncio loop that will run it. Rank ``r`` of ``world_size`` plays groups r, r+W, ...;
-        ``split`` picks the seed space (``eval`` seeds are disjoint from ``train`` seeds)."""
-        self.pool, self.engine, self.tokenizer, self.config = pool, engine, tokenizer, config
+        """Create on the asyncio loop that will run it. ``pool``: the env pool of every env, or one per tag.
+        Rank ``r`` of ``world_size`` plays each env's groups r, r+W, ...; ``split`` picks the seed space
+        (``eval`` seeds are disjoint from ``train`` seeds)."""
+        self.engine, self.tokenizer, self.config = engine, tokenizer, config
         self.rank, self.world_size, self.split = rank, world_size, split
-        stops = {tokenizer.eos_token_id, *config.episode.sampling.stop_token_ids, *stop_token_ids}
-        self.stop_ids = {s for s in stops if s is not None}
-        self.queue = GroupQueue(config.max_staleness)
+        self.lanes = lane_states(config.lanes, pool if isinstance(pool, EnvPool) else dict(pool), config.max_staleness)
+        self.stop_ids = {s for s in {tokenizer.eos_token_id, *stop_token_ids} if s is not None}
         self.filter = config.group_filter.build()
         self.counters: dict[str, float] = {
             "episodes": 0,
@@ -86,14 +92,8 @@ class RolloutScheduler:
             "groups_failed_in_a_row": 0,
             "outage_waits": 0,  # failures while every endpoint was down: replayed without using a retry
         }
-        # Resume bookkeeping over *local* group numbers: all below the watermark are consumed or dropped.
-        self._next_local = 0
-        self._watermark = 0
-        self._settled_above: set[int] = set()
-        self._restart: deque[int] = deque()
-        self._demand = 0
         self._episodes: set[asyncio.Task[None]] = set()  # each holds a running slot until done
-        self._idle_sessions: list[EnvSession] = []
+        self._next_lane = 0  # where the producer's next round-robin round starts
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._generation_open = asyncio.Event()
@@ -109,30 +109,47 @@ class RolloutScheduler:
     # -- public API ----------------------------------------------------------------------------------
 
     async def get_batch(self, n: int | None = None) -> RolloutBatch:
-        """Wait for ``n`` trajectories (default ``config.batch_size``) of complete, fresh groups."""
+        """Wait for ``n`` trajectories (default ``config.batch_size``) of complete, fresh groups: each env's
+        share of them, env by env in config order."""
         n = self.config.batch_size if n is None else n
         if n % self.config.group_size:
             raise ValueError(f"get_batch({n}): not a multiple of group_size={self.config.group_size}")
+        needed = self._shares(n // self.config.group_size)
         started = time.perf_counter()
         before = self.engine.stats()
-        selection = GroupSelection(self.filter, n // self.config.group_size)
+        selections = [GroupSelection(self.filter, k) for k in needed]
         if self.config.mode == "lockstep":
             from roll_lightning.rollout.lockstep import collect_lockstep
 
-            await collect_lockstep(self, selection)
+            await collect_lockstep(self, selections)
         else:
-            await self._take(selection)
-        groups, filtered, filter_metrics = selection.result()
+            await _first_error([self._take(lane, sel) for lane, sel in zip(self.lanes, selections, strict=True)])
+        groups, filtered = [], []
+        for selection in selections:
+            chosen, dropped = selection.choose()
+            groups += chosen
+            filtered += dropped
         for group in [*groups, *filtered]:  # filtered groups are settled too: never replayed after a resume
-            self._settle(group.index)
+            self.settle(group)
         episodes = [ep for g in groups for ep in sorted(g.episodes, key=lambda e: e.member)[: g.size]]
         batch = collate(episodes, self.config.episode.layout, _pad_id(self.tokenizer))
         batch.metrics = batch_metrics(
             episodes, self, wall_s=time.perf_counter() - started, engine_before=before, engine_after=self.engine.stats()
         )
-        batch.metrics.update(filter_metrics)
+        batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
         self.batches += 1
         return batch
+
+    def _shares(self, n_groups: int) -> list[int]:
+        """Groups per lane for a batch of ``n_groups`` (each env's configured share, scaled exactly)."""
+        per_batch = self.config.groups_per_batch
+        if n_groups == per_batch:
+            return [state.lane.groups for state in self.lanes]
+        if len(self.lanes) == 1:
+            return [n_groups]
+        if n_groups % per_batch:
+            raise ValueError(f"get_batch: {n_groups} groups do not split into the envs' shares of {per_batch}")
+        return [state.lane.groups * n_groups // per_batch for state in self.lanes]
 
     async def suspend(self) -> None:
         """Hold new replies and wait for the ones in flight (before weights change or the engine sleeps)."""
@@ -141,29 +158,31 @@ class RolloutScheduler:
 
     async def resume(self) -> None:
         """Let generation go on; groups now too stale for the engine's policy version are dropped."""
-        for group in self.queue.expire(self.engine.policy_version):
-            self._abandon(group)
+        for lane in self.lanes:
+            for group in lane.queue.expire(self.engine.policy_version):
+                self._abandon(group)
         self._generation_open.set()
         self._kick.set()
 
     async def close(self) -> None:
         if self._producer is not None:
             self._producer.cancel()
-        for group in list(self.queue.live.values()):
+        live = [g for lane in self.lanes for g in lane.queue.live.values()]
+        for group in live:
             for task in group.tasks:
                 task.cancel()
-        tasks = [t for g in self.queue.live.values() for t in g.tasks] + list(self._background)
+        tasks = [t for g in live for t in g.tasks] + list(self._background)
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(s.close() for s in self._idle_sessions), return_exceptions=True)
-        self._idle_sessions.clear()
+        idle = [session for lane in self.lanes for session in lane.idle_sessions]
+        await asyncio.gather(*(s.close() for s in idle), return_exceptions=True)
+        for lane in self.lanes:
+            lane.idle_sessions.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run is in its sequence of groups (consumed or dropped groups are never replayed, started
-        but unconsumed ones are replayed after a resume, none is skipped)."""
+        but unconsumed ones are replayed after a resume, none is skipped), per env tag."""
         return {
-            "next_local": self._next_local,
-            "watermark": self._watermark,
-            "settled_above": sorted(self._settled_above),
+            "lanes": {lane.tag: lane.sequence.state_dict() for lane in self.lanes},
             "batches": self.batches,
             "seed": self.config.seed,
             "world_size": self.world_size,
@@ -175,10 +194,30 @@ class RolloutScheduler:
                 f"rollout state was saved with seed={state.get('seed')}, world_size={state.get('world_size')}; "
                 f"this run has seed={self.config.seed}, world_size={self.world_size}"
             )
-        self._next_local, self._watermark = state["next_local"], state["watermark"]
-        self._settled_above = set(state["settled_above"])
-        self._restart = deque(i for i in range(self._watermark, self._next_local) if i not in self._settled_above)
+        saved = state["lanes"] if "lanes" in state else {self.lanes[0].tag: state}  # before tags: one sequence
+        tags = [lane.tag for lane in self.lanes]
+        if sorted(saved) != sorted(tags):
+            raise ValueError(
+                f"rollout state was saved for the envs {sorted(saved)}; this run plays {sorted(tags)} "
+                "(data.rollout.envs tags must match to resume)"
+            )
+        for lane in self.lanes:
+            lane.sequence.load_state_dict(saved[lane.tag])
         self.batches = state["batches"]
+
+    @property
+    def ready(self) -> int:
+        """Complete groups waiting to be taken, over every env."""
+        return sum(lane.queue.ready for lane in self.lanes)
+
+    def counter(self, name: str) -> float:
+        """A group queue counter (``released``, ``dropped_failed``, ``dropped_stale``) summed over the envs."""
+        return float(sum(lane.queue.counters[name] for lane in self.lanes))
+
+    def fail(self, error: BaseException) -> None:
+        """Make every waiting and later `get_batch` raise ``error`` (the rollout cannot go on)."""
+        for lane in self.lanes:
+            lane.queue.fail(error)
 
     @property
     def running(self) -> int:
@@ -201,48 +240,39 @@ class RolloutScheduler:
 
     # -- groups --------------------------------------------------------------------------------------
 
-    def new_group(self) -> Group:
-        local = self._restart.popleft() if self._restart else self._take_next_local()
+    def new_group(self, lane: LaneState) -> Group:
+        local = lane.sequence.take()
         index = local * self.world_size + self.rank
-        seed = group_seed(self.config.seed, index, self.split)
-        group = Group(index, seed, self.config.group_size, self.engine.policy_version)
-        self.queue.add(group)
+        seed = group_seed(self.config.seed, index, self.split, lane.lane.seed_salt)
+        group = Group(index, seed, self.config.group_size, self.engine.policy_version, lane=lane.position)
+        lane.queue.add(group)
         return group
 
-    def _take_next_local(self) -> int:
-        self._next_local += 1
-        return self._next_local - 1
+    def settle(self, group: Group) -> None:
+        """``group`` is consumed or dropped: a resume never plays it again."""
+        self.lanes[group.lane].sequence.settle(group.index // self.world_size)
 
-    def _settle(self, index: int) -> None:
-        local = index // self.world_size
-        if local < self._watermark or local in self._settled_above:
-            return
-        self._settled_above.add(local)
-        while self._watermark in self._settled_above:
-            self._settled_above.remove(self._watermark)
-            self._watermark += 1
-
-    async def _take(self, selection: GroupSelection) -> None:
-        """Collect complete, fresh groups into ``selection`` until it needs no more. The producer's demand is
-        what the selection still misses: a group the filter rejects leaves it unchanged, so a new group (a new
-        seed) replaces it, until the selection's bound on extra groups is reached."""
+    async def _take(self, lane: LaneState, selection: GroupSelection) -> None:
+        """Collect complete, fresh groups of ``lane`` into ``selection`` until it needs no more. The producer's
+        demand is what the selection still misses: a group the filter rejects leaves it unchanged, so a new
+        group (a new seed) replaces it, until the selection's bound on extra groups is reached."""
         self._ensure_producer()
         demanded = selection.missing
-        self._demand += demanded
+        lane.demand += demanded
         self._kick.set()
         try:
             while selection.missing:
-                for group in await self.queue.take(1):
+                for group in await lane.queue.take(1):
                     if self.engine.policy_version - group.policy_version > self.config.max_staleness:
-                        self.queue.counters["dropped_stale"] += 1
-                        self._settle(group.index)
+                        lane.queue.counters["dropped_stale"] += 1
+                        self.settle(group)
                     else:
                         selection.offer(group)
-                self._demand -= demanded - selection.missing
+                lane.demand -= demanded - selection.missing
                 demanded = selection.missing
                 self._kick.set()
         finally:
-            self._demand -= demanded
+            lane.demand -= demanded
 
     def _ensure_producer(self) -> None:
         if self._producer is None or self._producer.done():
@@ -251,25 +281,38 @@ class RolloutScheduler:
 
     def _producer_died(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            self.queue.fail(task.exception())
+            self.fail(task.exception())
 
     async def _produce(self) -> None:
         members = self.config.group_size + self.config.group_redundancy
         while True:
             await self._kick.wait()
             self._kick.clear()
-            wanted = self._demand + self.config.max_staleness * self.config.groups_per_batch
-            while (
-                self._generation_open.is_set()
-                and len(self.queue.live) < wanted
-                and (not self._episodes or len(self._episodes) + members <= self.config.concurrent_episodes)
-            ):
-                group = self.new_group()
-                for member in range(members):
-                    task = asyncio.create_task(self._play(group, member), name=f"episode-{group.index}-{member}")
-                    self._episodes.add(task)
-                    task.add_done_callback(self._episode_done)
-                    group.tasks.append(task)
+            while self._generation_open.is_set():  # one new group per lane that misses some, round-robin
+                order = self.lanes[self._next_lane :] + self.lanes[: self._next_lane]
+                waiting = [lane for lane in order if len(lane.queue.live) < self._wanted(lane)]
+                started = 0
+                for lane in waiting:
+                    if self._episodes and len(self._episodes) + members > self.config.concurrent_episodes:
+                        break
+                    self._start_group(lane, members)
+                    self._next_lane = (lane.position + 1) % len(self.lanes)
+                    started += 1
+                if not started:
+                    break
+
+    def _wanted(self, lane: LaneState) -> int:
+        """Groups ``lane`` should have running or complete: what waiting batches miss, plus the run-ahead."""
+        return lane.demand + self.config.max_staleness * lane.lane.groups
+
+    def _start_group(self, lane: LaneState, members: int) -> None:
+        group = self.new_group(lane)
+        for member in range(members):
+            name = f"episode-{lane.tag}-{group.index}-{member}"
+            task = asyncio.create_task(self._play(group, member), name=name)
+            self._episodes.add(task)
+            task.add_done_callback(self._episode_done)
+            group.tasks.append(task)
 
     def _episode_done(self, task: asyncio.Task[None]) -> None:
         """Give the slot back and wake the producer: runs however the task ended, even cancelled before it ran."""
@@ -279,7 +322,7 @@ class RolloutScheduler:
     async def _play(self, group: Group, member: int) -> None:
         try:
             episode = await self.play_member(group, member)
-            if episode is not None and self.queue.put(group.index, episode):
+            if episode is not None and self.lanes[group.lane].queue.put(group.index, episode):
                 self.counters["groups_failed_in_a_row"] = 0
                 for task in group.tasks:
                     if task is not asyncio.current_task() and not task.done():
@@ -288,22 +331,23 @@ class RolloutScheduler:
         except asyncio.CancelledError:
             pass
         except (ContextBudgetError, EngineClosed, RolloutConfigError, EnvOutage) as err:
-            self.queue.fail(err)
+            self.fail(err)
         except Exception as err:  # a bug must stop the run loudly, not leave get_batch waiting
             log.exception("episode task crashed")
-            self.queue.fail(err)
+            self.fail(err)
 
     async def play_member(self, group: Group, member: int) -> Episode | None:
         """Play one member to the end, with retries; None if its group was dropped meanwhile or now."""
+        lane = self.lanes[group.lane]
         attempts = failures = 0
         while True:
             attempts += 1
-            episode = Episode(group.index, member, group.seed, self.config.env_id, layout=self.config.episode.layout)
+            episode = self.new_episode(group, member)
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
-                session = await self._session()
-                builder = EpisodeBuilder(self.tokenizer, self.config.episode, session.spec, episode, self.stop_ids)
+                session = await self._session(lane)
+                builder = self.builder(lane, session, episode)
                 async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
                     result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
             except EnvOutage:
@@ -312,18 +356,18 @@ class RolloutScheduler:
             except RETRYABLE as err:
                 if session is None and isinstance(err, EpisodeFailed) and err.code in REFUSED_CONFIG:
                     raise RolloutConfigError(
-                        f"the env servers refused rollout.env_id={self.config.env_id!r} with rollout.env_config="
-                        f"{self.config.env_config}: {err.detail}"
+                        f"the env servers refused {lane.lane.key}.env_id={lane.lane.env_id!r} with "
+                        f"{lane.lane.key}.env_config={lane.lane.env_config}: {err.detail}"
                     ) from err
                 self._discard(session)
                 failures += 1
                 if group.finished:
                     return None
-                if self.note_failure(err):
+                if self.note_failure(err, lane):
                     attempts -= 1  # the outage's fault, not the episode's: the replay waits for an endpoint
                 elif attempts > self.config.episode_retries:
                     log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
-                    dropped = self.queue.drop(group.index, "failed")
+                    dropped = lane.queue.drop(group.index, "failed")
                     if dropped is not None:
                         self._abandon(dropped)
                         self._count_failed_group()
@@ -339,14 +383,25 @@ class RolloutScheduler:
                 release = getattr(self.engine, "release", None)
                 if release is not None:
                     release(episode.traj_key)
-            self._idle_sessions.append(session)
+            lane.idle_sessions.append(session)
             self.counters["episodes"] += 1
             return result
 
-    def note_failure(self, err: BaseException) -> bool:
-        """Record a failed episode; True when every env endpoint is down (an outage, not the episode's fault)."""
+    def new_episode(self, group: Group, member: int) -> Episode:
+        lane = self.lanes[group.lane].lane
+        return Episode(group.index, member, group.seed, lane.env_id, layout=lane.episode.layout, tag=lane.tag)
+
+    def builder(self, lane: LaneState, session: EnvSession, episode: Episode) -> EpisodeBuilder:
+        """The episode's bookkeeping, with its env's settings (prompt, turns, budget, sampling)."""
+        settings = lane.lane.episode
+        stops = self.stop_ids | set(settings.sampling.stop_token_ids)
+        return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops)
+
+    def note_failure(self, err: BaseException, lane: LaneState) -> bool:
+        """Record a failed episode; True when no endpoint serving its env is up (an outage, not the episode's
+        fault)."""
         self._last_failure = err
-        if isinstance(err, EpisodeFailed) and err.infrastructure and self.pool.in_outage:
+        if isinstance(err, EpisodeFailed) and err.infrastructure and lane.in_outage():
             self.counters["outage_waits"] += 1
             return True
         return False
@@ -359,7 +414,7 @@ class RolloutScheduler:
     def _count_failed_group(self) -> None:
         self.counters["groups_failed_in_a_row"] += 1
         if self.counters["groups_failed_in_a_row"] >= self.config.max_failed_groups_in_a_row:
-            self.queue.fail(
+            self.fail(
                 EpisodesKeepFailing(
                     f"{int(self.counters['groups_failed_in_a_row'])} groups in a row were dropped because their "
                     f"episodes kept failing; last error: {self._last_failure!r}"
@@ -367,15 +422,15 @@ class RolloutScheduler:
             )
 
     def _abandon(self, group: Group) -> None:
-        self._settle(group.index)
+        self.settle(group)
         for task in group.tasks:
             if task is not asyncio.current_task() and not task.done():
                 task.cancel()
 
-    async def _session(self) -> EnvSession:
-        if self._idle_sessions:
-            return self._idle_sessions.pop()
-        return await self.pool.open(self.config.env_id, self.config.env_config, tag=f"rank{self.rank}")
+    async def _session(self, lane: LaneState) -> EnvSession:
+        if lane.idle_sessions:
+            return lane.idle_sessions.pop()
+        return await lane.pool.open(lane.lane.env_id, lane.lane.env_config, tag=f"rank{self.rank}")
 
     def _discard(self, session: EnvSession | None) -> None:
         if session is None:
@@ -383,6 +438,20 @@ class RolloutScheduler:
         task = asyncio.create_task(session.close())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _first_error(coros: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``coros`` together; the first to fail cancels the others and its error is raised as it is."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _pad_id(tokenizer: Any) -> int:

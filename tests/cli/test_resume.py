@@ -124,10 +124,38 @@ FILTER = (
 )  # fmt: skip
 
 
+def test_a_killed_two_env_run_resumes_each_env_where_it_stopped(tmp_path: Path) -> None:
+    """``data.rollout.envs`` with two tags: each step trains one group of each, and across the SIGKILL and the
+    resume each tag's groups 0..STEPS-1 are each played exactly once."""
+    two = tmp_path / "two_envs.yaml"
+    envs = [
+        {"tag": "frozenlake", "env_id": "frozenlake", "groups": 1},
+        {"tag": "sokoban", "env_id": "sokoban", "env_config": {"dim_room": [6, 6]}, "groups": 1},
+    ]
+    two.write_text(yaml.safe_dump({"data": {"rollout": {"env_id": None, "envs": envs}}}))
+    extra = ("--config", str(two))
+    root = tmp_path / "run"
+    assert kill_after_second_checkpoint(root, "default", signal.SIGKILL, extra) == -signal.SIGKILL
+    done = step_of(root / "checkpoints" / "last.ckpt")
+    (rank,) = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)["RolloutDataModule"]["ranks"]
+    assert set(rank["lanes"]) == {"frozenlake", "sokoban"}  # each tag's own position in its groups
+    before = {k: v for k, v in dumped_groups(root / "lightning_logs" / "version_0").items() if k <= done}
+    resumed = run_cli(*fit_args(root, "default", extra=extra), "--ckpt_path", "last", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = dumped_groups(root / "lightning_logs" / "version_1")
+    assert sorted(after) == list(range(done + 1, STEPS + 1))
+    steps = [*before.values(), *after.values()]
+    assert all(sorted(g.split("/")[0] for g in groups) == ["frozenlake", "sokoban"] for groups in steps)
+    for tag in ("frozenlake", "sokoban"):
+        played = [group_index(g) for groups in steps for g in groups if g.startswith(tag + "/")]
+        assert sorted(played) == list(range(STEPS)), tag  # none repeated, none skipped
+
+
 def settled_groups(checkpoint: Path) -> set[int]:
     """The group indices a checkpoint's rollout state counts as done (trained or filtered out): never replayed."""
     (state,) = torch.load(checkpoint, weights_only=False, map_location="cpu")["RolloutDataModule"]["ranks"]
-    return set(range(state["watermark"])) | set(state["settled_above"])
+    (lane,) = state["lanes"].values()
+    return set(range(lane["watermark"])) | set(lane["settled_above"])
 
 
 def group_index(key: str) -> int:

@@ -67,13 +67,11 @@ def test_standalone_setup_batches_and_teardown(model_dir: Path) -> None:
         dm.teardown("fit")
     assert len(first) == len(second) == 4
     assert not set(first.traj_group_id) & set(second.traj_group_id)
-    assert state == {"ranks": [dm_state(next_local=4, batches=2)]}
+    (rank,) = state["ranks"]
+    assert rank["lanes"] == {"frozenlake": {"next_local": 4, "watermark": 4, "settled_above": []}}
+    assert (rank["batches"], rank["seed"], rank["world_size"]) == (2, 0, 1)
     with pytest.raises(RuntimeError, match="not set up"):
         dm.next_batch()
-
-
-def dm_state(**kw: int) -> dict[str, Any]:
-    return {"next_local": 0, "watermark": kw["next_local"], "settled_above": [], "seed": 0, "world_size": 1, **kw}
 
 
 def test_fit_and_resume_from_a_checkpoint_continue_the_group_sequence(model_dir: Path, tmp_path: Path) -> None:

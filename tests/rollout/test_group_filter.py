@@ -151,7 +151,7 @@ async def test_filtered_groups_never_reach_a_batch(pool: EnvPool, tokenizer: Any
     finally:
         await scheduler.close()
     assert filtered > 0, "random Sokoban moves give flat groups too: the filter had something to do"
-    state = scheduler.state_dict()  # every group played was settled: kept or filtered, none left to replay
+    (state,) = scheduler.state_dict()["lanes"].values()  # every group played was settled: none left to replay
     assert state["watermark"] == state["next_local"] and not state["settled_above"]
 
 
@@ -170,7 +170,7 @@ async def test_the_bound_holds_when_every_group_is_flat(pool: EnvPool, tokenizer
             assert len(batch.episode_metrics) == 8, "the batch is completed, with flat groups"
             assert batch.metrics["rollout/groups_filtered"] == 3 and batch.metrics["rollout/extra_groups"] == 3
             assert batch.metrics["rollout/flat_group_share"] == 1.0
-            assert scheduler.state_dict()["watermark"] == played, "2 + 3 groups per batch, all settled"
+            assert scheduler.lanes[0].sequence.watermark == played, "2 + 3 groups per batch, all settled"
     finally:
         await scheduler.close()
 
@@ -184,7 +184,7 @@ async def test_top_p_variance_plays_more_groups_and_keeps_the_fraction(pool: Env
         await scheduler.close()
     assert len(group_spreads(batch)) == 2
     assert batch.metrics["rollout/groups_filtered"] == 6 and batch.metrics["rollout/extra_groups"] == 6
-    assert scheduler.state_dict()["watermark"] == 8
+    assert scheduler.lanes[0].sequence.watermark == 8
 
 
 async def test_refills_are_held_to_max_staleness_like_any_group(pool: EnvPool, tokenizer: Any) -> None:
@@ -200,7 +200,7 @@ async def test_refills_are_held_to_max_staleness_like_any_group(pool: EnvPool, t
     scheduler = RolloutScheduler(pool, sim, tokenizer, cfg)
     try:
         await scheduler.get_batch()  # 2 + 3 groups; the producer then runs one batch ahead at version 0
-        while scheduler.queue.ready < 2:
+        while scheduler.ready < 2:
             await asyncio.sleep(0.05)
         await scheduler.suspend()
         await sim.load_weights({}, version=2)  # those groups are now two versions old
@@ -211,6 +211,6 @@ async def test_refills_are_held_to_max_staleness_like_any_group(pool: EnvPool, t
     assert set(batch.policy_version.tolist()) == {2}
     assert batch.metrics["rollout/dropped_groups_stale_total"] == 2
     assert batch.metrics["rollout/groups_filtered"] == 3 and batch.metrics["rollout/extra_groups"] == 3
-    state = scheduler.state_dict()
+    (state,) = scheduler.state_dict()["lanes"].values()
     settled = state["watermark"] + len(state["settled_above"])
     assert settled == 5 + 2 + 5, "stale, filtered and kept groups are all settled (not those played ahead)"

@@ -75,12 +75,12 @@ async def test_on_policy_starts_only_the_groups_a_batch_needs(pool: EnvPool, tok
     try:
         await scheduler.get_batch()
         await asyncio.sleep(0.2)  # nothing may run ahead while the trainer trains
-        started_after_first = scheduler.state_dict()["next_local"]
+        started_after_first = scheduler.lanes[0].sequence.next_local
         await scheduler.get_batch()
     finally:
         await scheduler.close()
     assert started_after_first == 2  # batch_size 4 / group_size 2
-    assert scheduler.state_dict()["next_local"] == 4
+    assert scheduler.lanes[0].sequence.next_local == 4
 
 
 async def test_staleness_bound_lets_the_producer_run_ahead(pool: EnvPool, tokenizer: Any) -> None:
@@ -88,11 +88,11 @@ async def test_staleness_bound_lets_the_producer_run_ahead(pool: EnvPool, tokeni
     try:
         await scheduler.get_batch()
         for _ in range(100):
-            if scheduler.queue.ready >= 2:
+            if scheduler.ready >= 2:
                 break
             await asyncio.sleep(0.05)
-        assert scheduler.queue.ready == 2  # one batch ahead, not more
-        assert scheduler.state_dict()["next_local"] == 4
+        assert scheduler.ready == 2  # one batch ahead, not more
+        assert scheduler.lanes[0].sequence.next_local == 4
     finally:
         await scheduler.close()
 
@@ -102,7 +102,7 @@ async def test_groups_older_than_max_staleness_are_dropped_after_a_weight_update
     scheduler = RolloutScheduler(pool, sim, tokenizer, config(max_staleness=1))
     try:
         await scheduler.get_batch()  # the producer now fills one batch ahead at version 0
-        while scheduler.queue.ready < 2:
+        while scheduler.ready < 2:
             await asyncio.sleep(0.05)
         await scheduler.suspend()
         await sim.load_weights({}, version=2)  # two versions later: those groups are too stale

@@ -1,0 +1,84 @@
+"""The scheduler's per-env state: one `LaneState` per env of the run (one in the single-env form).
+
+Each lane has its own sequence of groups (seeds and resume position), its own queue of complete groups and its
+own demand, so every batch holds exactly each env's share and a resume replays each env exactly; lanes share
+the engine and the running slots.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_lightning.envs import EnvPool, EnvSession
+from roll_lightning.rollout.groups import GroupQueue
+from roll_lightning.rollout.tags import Lane
+
+
+class GroupSequence:
+    """Which local group numbers a lane has started and settled (consumed or dropped).
+
+    Every number below the watermark is settled; ``settled_above`` holds the settled ones above it. A resume
+    restarts exactly the started-but-unsettled numbers, then continues: nothing is skipped or played twice.
+    """
+
+    def __init__(self) -> None:
+        self.next_local = 0
+        self.watermark = 0
+        self.settled_above: set[int] = set()
+        self.restart: deque[int] = deque()
+
+    def take(self) -> int:
+        """The next local group number to play (replays after a resume come first)."""
+        if self.restart:
+            return self.restart.popleft()
+        self.next_local += 1
+        return self.next_local - 1
+
+    def settle(self, local: int) -> None:
+        if local < self.watermark or local in self.settled_above:
+            return
+        self.settled_above.add(local)
+        while self.watermark in self.settled_above:
+            self.settled_above.remove(self.watermark)
+            self.watermark += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_local": self.next_local, "watermark": self.watermark, "settled_above": sorted(self.settled_above)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_local, self.watermark = state["next_local"], state["watermark"]
+        self.settled_above = set(state["settled_above"])
+        self.restart = deque(i for i in range(self.watermark, self.next_local) if i not in self.settled_above)
+
+
+@dataclass(eq=False)
+class LaneState:
+    """One env of the scheduler: its settings, servers, group sequence, queue and open demand."""
+
+    lane: Lane
+    position: int  # index in the run's env list (a group's ``lane``)
+    pool: EnvPool
+    queue: GroupQueue
+    sequence: GroupSequence = field(default_factory=GroupSequence)
+    demand: int = 0  # groups waiting `get_batch` calls still miss
+    idle_sessions: list[EnvSession] = field(default_factory=list)
+
+    @property
+    def tag(self) -> str:
+        return self.lane.tag
+
+    def in_outage(self) -> bool:
+        """True while no healthy endpoint serves this lane's env (new sessions wait for one)."""
+        return not self.pool.healthy_endpoints(self.lane.env_id)
+
+
+def lane_states(lanes: tuple[Lane, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int) -> list[LaneState]:
+    """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag."""
+    if isinstance(pools, EnvPool):
+        pools = {lane.tag: pools for lane in lanes}
+    missing = [lane.tag for lane in lanes if lane.tag not in pools]
+    if missing:
+        raise ValueError(f"no env pool for tags {missing}")
+    return [LaneState(lane, i, pools[lane.tag], GroupQueue(max_staleness)) for i, lane in enumerate(lanes)]

@@ -1,0 +1,104 @@
+"""`EnvServers`: the env pools of a run, one per set of endpoints, checked before a model is loaded.
+
+Every env of the run (training and evaluation lanes) names where its servers are (its own ``endpoints`` or
+``data.envs.endpoints``); lanes with the same endpoints share one pool, and ``local`` starts one set of local
+servers serving every env id that is local. `start` fails with one `RolloutConfigError` naming the key when
+something cannot work: servers that do not start or refuse the token, an env id no endpoint serves, an env
+config the server rejects, a first prompt that does not fit an env's context budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.envs.errors import EndpointRefused
+from roll_lightning.rollout.config import EnvsConfig
+from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder
+from roll_lightning.rollout.tags import Lane, RolloutConfigError
+
+Endpoints = str | tuple[str, ...]
+
+
+class EnvServers:
+    def __init__(self, envs: EnvsConfig, lanes: list[Lane]) -> None:
+        """``lanes``: every env the run plays (training and evaluation); ``lane.key`` names it in messages."""
+        self.envs, self.lanes = envs, lanes
+        self._env_ids: dict[Endpoints, list[str]] = {}
+        self._keys: dict[Endpoints, str] = {}  # the config key that sets each set of endpoints
+        for lane in lanes:
+            where = lane.endpoints_or(envs.endpoints)
+            ids = self._env_ids.setdefault(where, [])
+            if lane.env_id not in ids:
+                ids.append(lane.env_id)
+            key = "data.envs.endpoints" if lane.endpoints is None else f"{lane.key}.endpoints"
+            self._keys.setdefault(where, key)
+        self.pools: dict[Endpoints, EnvPool] = {}
+
+    def pools_for(self, lanes: tuple[Lane, ...]) -> dict[str, EnvPool]:
+        """Each lane's pool, by tag (what `RolloutScheduler` takes)."""
+        return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes}
+
+    async def start(self, tokenizer: Any) -> None:
+        self.pools = {where: self.envs.pool(where, ids) for where, ids in self._env_ids.items()}
+        try:
+            await asyncio.gather(*(self._start(where, pool) for where, pool in self.pools.items()))
+            for lane in self.lanes:
+                await self._probe(lane, tokenizer)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
+
+    async def _start(self, where: Endpoints, pool: EnvPool) -> None:
+        key = self._keys[where]
+        try:
+            await pool.start()
+        except EndpointRefused as err:
+            raise RolloutConfigError(f"data.envs.token: {err}") from err
+        except NoEndpointAvailable as err:
+            raise RolloutConfigError(f"{key}={_show(where)}: {err}") from err
+        except RuntimeError as err:  # a local server that would not start: usually an env id or its import
+            envs = ", ".join(
+                f"{x.key}.env_id={x.env_id!r}" for x in self.lanes if x.endpoints_or(self.envs.endpoints) == where
+            )
+            raise RolloutConfigError(f"{envs}: the local env server did not start: {err}") from err
+
+    async def _probe(self, lane: Lane, tokenizer: Any) -> None:
+        """One throw-away session per lane: a wrong env id, config or context budget fails now."""
+        where = lane.endpoints_or(self.envs.endpoints)
+        pool = self.pools[where]
+        if not await pool.wait_serving(lane.env_id):
+            served = "; ".join(f"{address}: {', '.join(ids) or 'nothing'}" for address, ids in pool.served().items())
+            raise RolloutConfigError(
+                f"{lane.key}.env_id={lane.env_id!r}: no endpoint of {self._keys[where]}={_show(where)} serves "
+                f"it (they serve {served}); start a server for it or give this env its own endpoints"
+            )
+        try:
+            session = await pool.open(lane.env_id, lane.env_config)
+        except EpisodeFailed as err:
+            raise RolloutConfigError(
+                f"{lane.key}.env_id={lane.env_id!r} with {lane.key}.env_config={lane.env_config}: {err.detail}"
+            ) from err
+        try:
+            started = time.perf_counter()
+            try:
+                first = await session.reset(seed=1)
+            except EpisodeFailed:
+                return  # a fault, not a config error: the run's own retries deal with those
+            episode = Episode(0, 0, 1, lane.env_id, layout=lane.episode.layout, tag=lane.tag)
+            builder = EpisodeBuilder(tokenizer, lane.episode, session.spec, episode, set())
+            builder.start(first, time.perf_counter() - started)
+            builder.next_request()
+        except ContextBudgetError as err:
+            raise RolloutConfigError(f"{lane.key}.episode.max_context_tokens: {err}") from err
+        finally:
+            await session.close()
+
+
+def _show(where: Endpoints) -> str:
+    return where if isinstance(where, str) else repr(list(where))

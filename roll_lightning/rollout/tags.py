@@ -1,0 +1,182 @@
+"""Several envs in one run: ROLL's env managers as a list of tagged envs, each with a fixed share of every batch.
+
+    rollout:
+      group_size: 8
+      batch_size: 64                    # 8 groups per batch ...
+      envs:
+        - {tag: sokoban, env_id: sokoban, env_config: {dim_room: [6, 6]}, groups: 4}   # ... 4 Sokoban levels
+        - tag: frozenlake                                                              # ... 4 FrozenLake maps
+          env_id: frozenlake
+          groups: 4
+          episode: {max_turns: 8}       # overrides of rollout.episode keys, for this env only
+          endpoints: ["10.0.0.7:50051"]  # served elsewhere (default: data.envs.endpoints)
+
+A `Lane` is one resolved entry: the tag, the env, its share of the batch, its episode settings and where its
+servers are. The single-env form (``rollout.env_id``) is one lane whose tag is the env id; only tags a config
+names get their own metrics (``rollout/<tag>/success_rate``), so single-env runs log what they always did.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
+
+from roll_lightning.rollout.episode import EpisodeSettings
+
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class RolloutConfigError(ValueError):
+    """A rollout setting that cannot work; the message names the key."""
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One env of the run.
+
+    Args:
+        tag: its name in metrics (``rollout/<tag>/...``), logs and checkpoints: letters, digits, ``_ . -``.
+        env_id: the env, as registered on the env servers (``python -m env_servers describe ID``).
+        env_config: per-session env config (validated by the server against its schema).
+        episode: overrides of ``rollout.episode`` keys for this env only, merged key by key (e.g.
+            ``{max_turns: 8, prompt: {turn_template: "..."}, sampling: {max_new_tokens: 4}}``); the row layout
+            is one per run.
+        endpoints: where this env's servers are: ``local`` or a list of ``host:port`` (None: ``data.envs.endpoints``).
+    """
+
+    tag: str
+    env_id: str
+    env_config: dict[str, Any] = field(default_factory=dict)
+    episode: dict[str, Any] = field(default_factory=dict)
+    endpoints: str | list[str] | None = None
+
+
+@dataclass(frozen=True)
+class TrainEnv(EnvEntry):
+    """A training env. ``groups``: groups of every batch it gets (ROLL's ``num_groups_partition``); leave it out
+    on every entry to split the batch evenly."""
+
+    groups: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalEnv(EnvEntry):
+    """A held-out evaluation env (ROLL's validation tags). ``episodes``: held-out starts played at every
+    evaluation, one episode each (None: ``data.evaluation.episodes``)."""
+
+    episodes: int | None = None
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One resolved env of a run: what the scheduler plays and how many groups of each batch."""
+
+    tag: str
+    env_id: str
+    env_config: dict[str, Any]
+    groups: int
+    episode: EpisodeSettings
+    endpoints: str | tuple[str, ...] | None
+    seed_salt: int | None  # None: the single-env form's seeds (unchanged from before tags existed)
+    key: str  # the config key naming this entry in messages
+
+    def endpoints_or(self, default: str | list[str]) -> str | tuple[str, ...]:
+        """Where this lane's servers are: its own endpoints, else the run's."""
+        value = self.endpoints if self.endpoints is not None else default
+        return value if isinstance(value, str) else tuple(value)
+
+
+def salt(tag: str) -> int:
+    """A stable per-tag seed salt (not Python's hash, which changes between processes)."""
+    return zlib.crc32(tag.encode())
+
+
+def resolve(
+    entries: list[TrainEnv] | list[EvalEnv],
+    shares: list[int],
+    base: EpisodeSettings,
+    key: str,
+) -> tuple[Lane, ...]:
+    """Lanes for ``entries`` with ``shares`` groups each, checking tags, episode overrides and endpoints."""
+    seen: dict[str, int] = {}
+    lanes = []
+    for i, (entry, share) in enumerate(zip(entries, shares, strict=True)):
+        where = f"{key}[{i}]"
+        if not isinstance(entry.tag, str) or not TAG.match(entry.tag):
+            raise RolloutConfigError(
+                f"{where}.tag={entry.tag!r}: a tag is a metric and folder name: letters, digits, '_', '.', '-'"
+            )
+        if entry.tag in seen:
+            raise RolloutConfigError(f"{where}.tag={entry.tag!r} is also {key}[{seen[entry.tag]}]'s: tags are unique")
+        seen[entry.tag] = i
+        if not entry.env_id:
+            raise RolloutConfigError(f"{where}.env_id is empty: name the env this entry plays")
+        settings = override(base, entry.episode, f"{where}.episode")
+        if settings.layout != base.layout:
+            raise RolloutConfigError(
+                f"{where}.episode.layout={settings.layout!r} differs from data.rollout.episode.layout={base.layout!r}: "
+                "a run trains one row layout (trajectory or step rows), so set it once, in data.rollout.episode"
+            )
+        check_episode(settings, f"{where}.episode")
+        endpoints = entry.endpoints
+        if endpoints is not None and not isinstance(endpoints, str):
+            if not endpoints:
+                raise RolloutConfigError(f"{where}.endpoints is an empty list: give 'local' or host:port addresses")
+            endpoints = tuple(endpoints)
+        if isinstance(endpoints, str) and endpoints != "local":
+            endpoints = (endpoints,)
+        for address in () if endpoints is None or endpoints == "local" else endpoints:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise RolloutConfigError(f"{where}.endpoints: '{address}' is not host:port")
+        lanes.append(
+            Lane(entry.tag, entry.env_id, dict(entry.env_config), share, settings, endpoints, salt(entry.tag), where)
+        )
+    return tuple(lanes)
+
+
+def check_episode(settings: EpisodeSettings, key: str) -> None:
+    """The episode settings every lane must satisfy (one turn fits the context budget, ...)."""
+    if settings.layout not in ("trajectory", "step"):
+        raise RolloutConfigError(f"{key}.layout must be 'trajectory' or 'step', got {settings.layout!r}")
+    if settings.max_turns < 1:
+        raise RolloutConfigError(f"{key}.max_turns must be >= 1, got {settings.max_turns}")
+    if settings.max_context_tokens <= settings.sampling.max_new_tokens:
+        raise RolloutConfigError(
+            f"{key}.max_context_tokens={settings.max_context_tokens} leaves no room for a prompt next to "
+            f"{key}.sampling.max_new_tokens={settings.sampling.max_new_tokens}: one turn must fit"
+        )
+
+
+def override(settings: Any, patch: dict[str, Any], key: str) -> Any:
+    """``settings`` (a dataclass) with the keys of ``patch`` replaced, nested dataclasses merged key by key."""
+    if not isinstance(patch, dict):
+        raise RolloutConfigError(f"{key} must be a mapping of keys to override, got {patch!r}")
+    names = {f.name for f in fields(settings)}
+    changes: dict[str, Any] = {}
+    for name, value in patch.items():
+        if name not in names:
+            raise RolloutConfigError(f"{key}.{name}: no such key (keys: {', '.join(sorted(names))})")
+        current = getattr(settings, name)
+        if is_dataclass(current) and isinstance(value, dict):
+            changes[name] = override(current, value, f"{key}.{name}")
+        elif name == "stop_token_ids":
+            changes[name] = tuple(value)
+        else:
+            changes[name] = value
+    try:
+        return replace(settings, **changes)
+    except (TypeError, ValueError) as err:
+        raise RolloutConfigError(f"{key}: {err}") from err
+
+
+def split_evenly(total: int, n: int, key: str) -> list[int]:
+    """``total`` groups over ``n`` envs, equal shares only (a batch holds exactly each env's share)."""
+    if total % n:
+        raise RolloutConfigError(
+            f"{key}: {total} groups per batch do not split evenly over {n} envs; give each entry its 'groups' "
+            f"(they must sum to {total})"
+        )
+    return [total // n] * n

@@ -2,7 +2,9 @@
 
 TensorBoard's Scalars page lists every metric by namespace, alphabetically (``env/`` first). This callback
 adds one layout to each `TensorBoardLogger` of the run, so the Custom Scalars page shows the headline charts
-first: success (training episodes and held-out, on one chart), return, and where the time goes.
+first: success (training episodes and held-out, on one chart), return, and where the time goes; a run with
+several envs (``data.rollout.envs``) also gets each env's success and return (``rollout/<tag>/...``,
+``eval/<tag>/...``: Multiline charts take regular expressions).
 """
 
 from __future__ import annotations
@@ -22,10 +24,24 @@ LAYOUT: dict[str, dict[str, list[object]]] = {
 }
 
 
+PER_ENV: dict[str, list[object]] = {
+    "success rate per env (training episodes, held-out)": ["Multiline", [r"(rollout|eval)/[^/]+/success_rate"]],
+    "return per env (training episodes, held-out)": ["Multiline", [r"(rollout|eval)/[^/]+/return_mean"]],
+}
+
+
+def layout(several_envs: bool) -> dict[str, dict[str, list[object]]]:
+    return {**LAYOUT, "per env": PER_ENV} if several_envs else LAYOUT
+
+
 class HeadlineDashboard(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from roll_lightning.rollout.datamodule import RolloutDataModule
+
         if trainer.global_rank != 0:
             return
+        data = getattr(trainer, "datamodule", None)
+        several = isinstance(data, RolloutDataModule) and (data.rollout.tagged or bool(data.evaluation.envs))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_custom_scalars(LAYOUT)
+                logger.experiment.add_custom_scalars(layout(several))

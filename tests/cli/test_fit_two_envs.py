@@ -83,12 +83,18 @@ def test_two_envs_on_two_servers_train_and_evaluate_per_tag(remote_sokoban: Loca
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = root.glob("tensorboard/version_0/events.out.tfevents.*")
-    scalars = set(EventAccumulator(str(events)).Reload().Tags()["scalars"])
+    accumulator = EventAccumulator(str(events)).Reload()
+    scalars = set(accumulator.Tags()["scalars"])
     assert {
         "rollout/sokoban/success_rate",
         "rollout/frozenlake/success_rate",
         "eval/sokoban7x7/success_rate",
     } <= scalars
+
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout.FromString(accumulator.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    assert [c.title for c in layout.category][-1] == "per env"  # each env's success, training and held-out
 
     dumps = sorted(root.rglob("trajectories/step_*.jsonl"))
     assert dumps

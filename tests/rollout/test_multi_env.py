@@ -331,3 +331,27 @@ async def test_failed_episodes_are_replayed_within_their_tags_share(
     assert scheduler.counters["episode_retries"] > 0
     for batch in batches:
         assert tags(batch) == ["crashy"] * 4 + ["frozenlake"] * 2
+
+
+def test_the_readme_example_is_a_config_that_works() -> None:
+    import re
+    import textwrap
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```yaml\n(  data:\n.*?)  ```", readme, re.S)
+    assert block, "the multi-env example is missing from the README"
+    data = yaml.safe_load(textwrap.dedent(block.group(1)))["data"]
+    rollout = data["rollout"]
+    train = RolloutConfig(**{**rollout, "episode": EpisodeSettings(**rollout["episode"])})
+    assert [(lane.tag, lane.groups) for lane in train.lanes] == [("sokoban", 4), ("webshop", 4)]
+    sokoban, webshop = (lane.episode for lane in train.lanes)
+    assert (sokoban.max_turns, webshop.max_turns, webshop.sampling.max_new_tokens) == (10, 15, 64)
+    assert train.lanes[1].endpoints == ("10.0.0.7:50051",) and train.lanes[0].endpoints is None
+    held_out = EvalConfig(**data["evaluation"]).rollout(train)
+    assert [(lane.tag, lane.groups, lane.env_config["dim_room"]) for lane in held_out.lanes] == [
+        ("sokoban6", 128, [6, 6]),
+        ("sokoban7", 64, [7, 7]),
+    ]

@@ -33,8 +33,8 @@ TAGS = ("sokoban", "frozenlake")
 def variants(config: Path) -> dict[str, list[dict[str, Any]]]:
     """Each variant's training env list: the recipe's, and each of its entries alone with the whole batch."""
     recipe = yaml.safe_load(config.read_text())
-    envs = recipe["data"]["rollout"]["envs"]
-    total = sum(entry["groups"] for entry in envs)
+    rollout = recipe["data"]["rollout"]
+    envs, total = rollout["envs"], rollout["batch_size"] // rollout["group_size"]
     return {"mixed": envs, **{entry["tag"]: [{**entry, "groups": total}] for entry in envs}}
 
 

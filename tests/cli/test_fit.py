@@ -164,7 +164,7 @@ def test_disaggregated_generation_goes_on_during_training_within_the_staleness_b
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (["--data.rollout.batch_size", "6"], "batch_size=6 is not divisible by rollout.group_size=4"),
+        (["--data.rollout.batch_size", "6"], "batch_size=6 is not divisible by data.rollout.group_size=4"),
         (["--data.rollout.group_size", "1", "--data.rollout.batch_size", "4"], "group_size=1.*grpo"),
         (["--model.model", "/nowhere/model"], "model.model: '/nowhere/model'"),
         (["--model.algorithm.estimator", "gigpo"], "layout: step"),

@@ -35,8 +35,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import masked_mean
+from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
@@ -75,6 +75,7 @@ class AgentRLModule(L.LightningModule):
         super().__init__()
         self.model_path = model
         self.algorithm = algorithm
+        self.objective: Objective = algorithm.objective  # the loss, assembled once (algorithms/objective.py)
         self.optim = optim
         self.param_dtype = dtype
         if rollout_steps is not None and rollout_steps < 1:  # a run of 0 or -1 steps would train one and exit 0
@@ -245,9 +246,10 @@ class AgentRLModule(L.LightningModule):
         old_values: torch.Tensor | None,
     ) -> dict[str, float]:
         algo = self.algorithm
+        objective = self.objective
         mask = batch.response_mask
-        token_mean = algo.loss == "ppo" and algo.aggregation == "token-mean"
-        total = float(mask[rows].sum()) if token_mean else float(len(rows))
+        divisors = objective.divisors(mask[rows])  # the whole mini-batch's: each micro-batch adds N_k / D
+        total_tokens = float(mask[rows].sum())
         lengths = batch.attention_mask[rows].sum(-1).tolist()
         plans = plan_micro_batches(
             lengths, algo.micro_batching, max_tokens=algo.max_tokens_per_micro, micro_batch_size=algo.micro_batch_size
@@ -259,14 +261,12 @@ class AgentRLModule(L.LightningModule):
             micro_rows = [rows[i] for i in plan] or [0]
             part = trim(batch, micro_rows, pad_to_batch=algo.micro_batching == "fixed")
             width = part.input_ids.shape[1]
-            share = (float(part.response_mask.sum()) if token_mean else float(len(micro_rows))) / max(total, 1.0)
-            share = share if plan else 0.0
-
             picked = [_pick(x, micro_rows, width) for x in (old_logp, ref_logp, advantages, returns, old_values)]
-            loss, metrics = self._micro_loss(part, *picked)
-            self.manual_backward(loss * share)
-            for k, v in metrics.items():
-                sums[k] += float(v) * share
+            loss, metrics = self._micro_loss(objective, divisors, part, *picked)
+            self.manual_backward(loss if plan else loss * 0.0)
+            share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
+            for k, v in metrics.items():  # parts of the loss add up; means are weighted by the tokens they cover
+                sums[f"train/{k}"] += float(v) * (1.0 if k in ADDITIVE else share) if plan else 0.0
         if algo.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.parameters(), algo.max_grad_norm)
             sums["train/grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -275,6 +275,8 @@ class AgentRLModule(L.LightningModule):
 
     def _micro_loss(
         self,
+        objective: Objective,
+        divisors: Divisors,
         part: RolloutBatch,
         old_logp: torch.Tensor,
         ref_logp: torch.Tensor | None,
@@ -282,41 +284,15 @@ class AgentRLModule(L.LightningModule):
         returns: torch.Tensor | None,
         old_values: torch.Tensor | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        algo = self.algorithm
+        """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`)."""
         mask = part.response_mask
-        logp, entropy = policy_forward(self.actor, part, algo.temperature, with_entropy=algo.entropy_coef > 0)
-        low, high = algo.clip
-        if algo.loss == "gspo":
-            loss, m = losses.gspo_policy_loss(logp, old_logp, advantages, mask, clip_low=low, clip_high=high)
-        else:
-            loss, m = losses.ppo_policy_loss(
-                logp,
-                old_logp,
-                advantages,
-                mask,
-                clip_low=low,
-                clip_high=high,
-                dual_clip=algo.dual_clip,
-                agg=algo.aggregation,
-            )
-        metrics = {f"train/{k}": v for k, v in m.items()}
+        with_entropy = objective.entropy_coef > 0
+        logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
+        values = self.critic(part) if self.critic is not None and returns is not None else None
+        inputs = MicroInputs(logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns)
+        loss, metrics = objective(inputs, divisors)
         if self._measure_gap:  # still the weights that the old log-probs came from: the engine-vs-trainer gap
-            metrics["train/logprob_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask)
-        if entropy is not None:
-            ent = losses.aggregate(entropy, mask, algo.aggregation)
-            loss = loss - algo.entropy_coef * ent
-            metrics["train/entropy"] = ent.detach()
-        if ref_logp is not None:
-            kl = losses.aggregate(losses.kl_penalty(logp, ref_logp, algo.kl_kind), mask, algo.aggregation)
-            loss = loss + algo.kl_coef * kl
-            metrics["train/kl"] = kl.detach()
-        if self.critic is not None and returns is not None and old_values is not None:
-            values = self.critic(part)
-            vloss, vm = losses.value_loss(values, old_values, returns, mask, clip=algo.value_clip)
-            loss = loss + algo.value_coef * vloss
-            metrics.update({f"train/{k}": v for k, v in vm.items()})
-            metrics["train/value_loss"] = vloss.detach()
-        metrics["train/loss"] = loss.detach()
+            metrics["logprob_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask)
         return loss, metrics
 
     # -- helpers -------------------------------------------------------------------------------------

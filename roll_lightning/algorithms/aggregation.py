@@ -31,17 +31,35 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: AggMode = "token-mean", *, n
     rows do not dilute the loss. ``seq-mean-token-sum-norm`` follows verl literally: it is *not* divided by B,
     and ``L`` here is the padded width of the whole row (prompt included); Dr.GRPO wants a constant, so pass
     ``norm_len`` (e.g. the generation budget). Everything is 0 when the mask is empty.
+
+    Always ``numerator(l, m, mode) / denominator(m, mode, norm_len)``: the numerator is a sum over rows, the
+    denominator depends only on the mask, so a batch split into row groups (micro-batches) gets the same value
+    (and gradient) from ``sum_k numerator(l_k, m_k) / denominator(m)`` (see `algorithms.objective`).
     """
+    width = norm_len if norm_len is not None else loss_mat.shape[-1]
+    return numerator(loss_mat, mask, mode) / denominator(mask, mode, width)
+
+
+def numerator(loss_mat: Tensor, mask: Tensor, mode: AggMode) -> Tensor:
+    """The row-additive part of `aggregate`: ``sum_bt l m``, or ``sum_b (sum_t l m / sum_t m)`` for
+    ``seq-mean-token-mean``."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
     m = mask.bool()
     losses = torch.where(m, loss_mat, 0)  # not `loss_mat * m`: inf * 0 = NaN off the mask
-    tokens_per_row = m.sum(-1)
-    rows = (tokens_per_row > 0).sum().clamp(min=1)
-    if mode == "token-mean":
-        return losses.sum() / m.sum().clamp(min=1)
-    if mode == "seq-mean-token-sum":
-        return losses.sum(-1).sum() / rows
     if mode == "seq-mean-token-mean":
-        return (losses.sum(-1) / tokens_per_row.clamp(min=1)).sum() / rows
+        return (losses.sum(-1) / m.sum(-1).clamp(min=1)).sum()
+    return losses.sum()
+
+
+def denominator(mask: Tensor, mode: AggMode, norm_len: int) -> float:
+    """What `aggregate` divides by, from the mask alone: its tokens (``token-mean``), its rows with at least one
+    token (``seq-mean-*``, at least 1) or the constant ``norm_len`` (``seq-mean-token-sum-norm``)."""
+    m = mask.bool()
+    if mode == "token-mean":
+        return float(m.sum().clamp(min=1))
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((m.sum(-1) > 0).sum().clamp(min=1))
     if mode == "seq-mean-token-sum-norm":
-        return losses.sum() / (norm_len if norm_len is not None else loss_mat.shape[-1])
+        return float(norm_len)
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")

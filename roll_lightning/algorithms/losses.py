@@ -54,6 +54,25 @@ def ppo_policy_loss(
     ``pg_clipfrac_lower`` (dual clip active; 0 when off), ``ppo_kl`` = mean(old_logp - logp) (the k1
     estimator of KL(old || new), as verl), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
     """
+    losses, metrics = ppo_token_losses(
+        logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
+    loss = aggregate(losses, response_mask, agg, norm_len=norm_len)
+    return loss, {"pg_loss": loss.detach(), **metrics}
+
+
+def ppo_token_losses(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The token losses ``l_t`` of `ppo_policy_loss` (``[B, L]``, 0 off the mask) and its metrics but
+    ``pg_loss``: what a micro-batch contributes before aggregation."""
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     mask = response_mask.bool()
@@ -68,11 +87,10 @@ def ppo_policy_loss(
         cap = -adv * dual_clip
         dual_active = (adv < 0) & (losses > cap)
         losses = torch.where(adv < 0, torch.minimum(losses, cap), losses)
-    loss = aggregate(losses, mask, agg, norm_len=norm_len)
+    losses = torch.where(mask, losses, 0)
     with torch.no_grad():
         ratio_max, ratio_min = _masked_extrema(ratio, mask)
         metrics = {
-            "pg_loss": loss.detach(),
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
             "pg_clipfrac_lower": masked_mean(dual_active.float(), mask),
             "ppo_kl": masked_mean(-log_ratio, mask),
@@ -80,7 +98,7 @@ def ppo_policy_loss(
             "ratio_max": ratio_max,
             "ratio_min": ratio_min,
         }
-    return loss, metrics
+    return losses, metrics
 
 
 def gspo_policy_loss(
@@ -109,6 +127,25 @@ def gspo_policy_loss(
     ``pg_clipfrac`` (token-level), ``ppo_kl`` (token mean of old_logp - logp), ``ratio_mean/max/min`` over
     sequences.
     """
+    losses, sequences, metrics = gspo_token_losses(
+        logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, seq_ids=seq_ids
+    )
+    loss = losses.sum() / max(sequences, 1)
+    return loss, {"pg_loss": loss.detach(), **metrics}
+
+
+def gspo_token_losses(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    seq_ids: Tensor | None = None,
+) -> tuple[Tensor, int, dict[str, Tensor]]:
+    """`gspo_policy_loss` before its mean over sequences: ``(l_t / |y_j| as [B, L], the number of sequences,
+    metrics but pg_loss)``, so the loss is ``sum(losses) / sequences`` and a micro-batch adds ``sum(losses)``."""
     mask = response_mask.bool()
     rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(-1).expand_as(mask)
     keys = (rows[mask],) if seq_ids is None else (rows[mask], seq_ids[mask])
@@ -128,21 +165,19 @@ def gspo_policy_loss(
     unclipped = -adv * s
     clipped = -adv * s.clamp(1.0 - clip_low, 1.0 + clip_high)
     losses = torch.where(mask, torch.maximum(unclipped, clipped), 0)
-    per_seq = per_seq_zeros.index_add(0, seq_of_token, losses[mask]) / seq_len
-    loss = per_seq.sum() / max(num_seqs, 1)
+    scaled = torch.where(mask, losses / seq_len[seq], 0)  # l_t / |y_j|: summed, the sum of sequence means
     with torch.no_grad():
         seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))
         has_seq = torch.arange(seq_ratio.numel(), device=seq_ratio.device) < num_seqs
         ratio_max, ratio_min = _masked_extrema(seq_ratio, has_seq)
         metrics = {
-            "pg_loss": loss.detach(),
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask),
             "ppo_kl": masked_mean(-log_ratio, mask),
             "ratio_mean": masked_mean(seq_ratio, has_seq),
             "ratio_max": ratio_max,
             "ratio_min": ratio_min,
         }
-    return loss, metrics
+    return scaled, num_seqs, metrics
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
@@ -197,6 +232,16 @@ def value_loss(
     ``clip=None`` drops the clipped branch. The 0.5 is ROLL's (verl has none). Metrics: ``vf_loss``,
     ``vf_clipfrac`` (clipped branch strictly larger), ``vpred_mean``.
     """
+    losses, metrics = value_token_losses(values, old_values, returns, response_mask, clip=clip)
+    loss = aggregate(losses, response_mask, agg, norm_len=norm_len)
+    return loss, {"vf_loss": loss.detach(), **metrics}
+
+
+def value_token_losses(
+    values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor, *, clip: float | None = 0.2
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The token losses ``0.5 max((v - R)^2, (v_clip - R)^2)`` of `value_loss` (``[B, L]``, 0 off the mask) and
+    its metrics but ``vf_loss``."""
     mask = response_mask.bool()
     v = torch.where(mask, values, 0)
     target = torch.where(mask, returns, 0)
@@ -208,11 +253,9 @@ def value_loss(
         clipped_losses = (v_clipped - target).square()
         clipped_more = clipped_losses > losses
         losses = torch.maximum(losses, clipped_losses)
-    loss = 0.5 * aggregate(losses, mask, agg, norm_len=norm_len)
     with torch.no_grad():
         metrics = {
-            "vf_loss": loss.detach(),
             "vf_clipfrac": masked_mean(clipped_more.float(), mask),
             "vpred_mean": masked_mean(values.detach(), mask),
         }
-    return loss, metrics
+    return torch.where(mask, 0.5 * losses, 0), metrics

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from roll_lightning.algorithms.objective import Objective
+
 Estimator = Literal["grpo", "gigpo", "ppo-gae"]
 PolicyLoss = Literal["ppo", "gspo"]
 BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
@@ -179,6 +181,23 @@ class AlgorithmConfig:
     @property
     def uses_critic(self) -> bool:
         return self.estimator == "ppo-gae"
+
+    @property
+    def objective(self) -> Objective:
+        """The loss these settings describe (`algorithms.objective`), chosen once."""
+        low, high = self.clip
+        return Objective(
+            loss=self.loss,
+            aggregation=self.aggregation,
+            clip_low=low,
+            clip_high=high,
+            dual_clip=self.dual_clip,
+            kl_coef=self.kl_coef,
+            kl_kind=self.kl_kind,
+            entropy_coef=self.entropy_coef,
+            value_coef=self.value_coef if self.uses_critic else 0.0,
+            value_clip=self.value_clip,
+        )
 
 
 @dataclass(frozen=True)

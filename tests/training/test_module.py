@@ -76,7 +76,7 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
 
     def recording(*args: Any) -> Any:
         loss, metrics = original(*args)
-        losses.append(float(metrics["train/pg_loss"]))
+        losses.append(float(metrics["pg_loss"]))
         return loss, metrics
 
     module._micro_loss = recording  # type: ignore[method-assign]

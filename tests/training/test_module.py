@@ -102,8 +102,17 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
             {"micro_batch_size": 8, "micro_batching": "fixed", "aggregation": "seq-mean-token-mean"},
             {"micro_batch_size": 3, "micro_batching": "fixed", "aggregation": "seq-mean-token-mean"},
         ),
+        (  # each micro-batch divided its entropy and KL by its own tokens, and the policy term by its own rows
+            {"micro_batch_size": 8, "micro_batching": "fixed", "loss": "gspo", "kl_coef": 0.1, "entropy_coef": 0.01},
+            {"micro_batching": "token_budget", "max_tokens_per_micro": 40, "loss": "gspo", "kl_coef": 0.1,
+             "entropy_coef": 0.01},
+        ),  # fmt: skip
+        (  # each micro-batch divided by its own trimmed width
+            {"micro_batch_size": 8, "micro_batching": "fixed", "aggregation": "seq-mean-token-sum-norm"},
+            {"micro_batching": "token_budget", "max_tokens_per_micro": 40, "aggregation": "seq-mean-token-sum-norm"},
+        ),
     ],
-    ids=["fixed-8-vs-1", "fixed-vs-token-budget", "gspo", "seq-mean"],
+    ids=["fixed-8-vs-1", "fixed-vs-token-budget", "gspo", "seq-mean", "gspo-kl-entropy", "token-sum-norm"],
 )
 def test_micro_batching_and_accumulation_give_the_same_update(
     model_dir: Path, tokenizer: Any, tmp_path: Path, a: dict[str, Any], b: dict[str, Any]

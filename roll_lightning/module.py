@@ -36,6 +36,7 @@ import lightning as L
 import torch
 
 from roll_lightning.algorithms.aggregation import masked_mean
+from roll_lightning.algorithms.correction import Correction, importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.batch_adjust import adjuster
@@ -184,9 +185,16 @@ class AgentRLModule(L.LightningModule):
                 return {**out, **self._skip_update(opt)}
             trainer_logp = self._no_grad_logprobs(self.actor, batch) if algo.recompute_old_logprobs else None
             old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
+            correction = None
             if trainer_logp is not None:
                 mask = batch.response_mask
                 out["train/logprob_gap"] = masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
+                c = algo.correction  # measured whenever there is a gap to measure; applied unless mode is none
+                correction = importance_weights(
+                    trainer_logp, batch.behaviour_logprobs, mask, mode=c.mode, level=c.level, span=c.span, cap=c.cap
+                )
+                out.update({f"train/{k}": float(v) for k, v in correction.metrics.items()})
+                correction = correction if c.mode != "none" else None
             ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
@@ -199,7 +207,7 @@ class AgentRLModule(L.LightningModule):
             for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(
-                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values
+                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values, correction
                 )
                 if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
@@ -244,11 +252,14 @@ class AgentRLModule(L.LightningModule):
         advantages: torch.Tensor,
         returns: torch.Tensor | None,
         old_values: torch.Tensor | None,
+        correction: Correction | None = None,
     ) -> dict[str, float]:
         algo = self.algorithm
         objective = self.objective
         mask = batch.response_mask
-        divisors = objective.divisors(mask[rows])  # the whole mini-batch's: each micro-batch adds N_k / D
+        weights, policy_mask = (correction.weights, correction.mask) if correction is not None else (None, None)
+        # the whole mini-batch's denominators: each micro-batch adds N_k / D
+        divisors = objective.divisors(mask[rows], policy_mask[rows] if policy_mask is not None else None)
         total_tokens = float(mask[rows].sum())
         lengths = batch.attention_mask[rows].sum(-1).tolist()
         plans = plan_micro_batches(
@@ -261,7 +272,8 @@ class AgentRLModule(L.LightningModule):
             micro_rows = [rows[i] for i in plan] or [0]
             part = trim(batch, micro_rows, pad_to_batch=algo.micro_batching == "fixed")
             width = part.input_ids.shape[1]
-            picked = [_pick(x, micro_rows, width) for x in (old_logp, ref_logp, advantages, returns, old_values)]
+            tensors = (old_logp, ref_logp, advantages, returns, old_values, weights, policy_mask)
+            picked = [_pick(x, micro_rows, width) for x in tensors]
             loss, metrics = self._micro_loss(objective, divisors, part, *picked)
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
@@ -283,13 +295,17 @@ class AgentRLModule(L.LightningModule):
         advantages: torch.Tensor,
         returns: torch.Tensor | None,
         old_values: torch.Tensor | None,
+        is_weights: torch.Tensor | None = None,
+        policy_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`)."""
         mask = part.response_mask
         with_entropy = objective.entropy_coef > 0
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
         values = self.critic(part) if self.critic is not None and returns is not None else None
-        inputs = MicroInputs(logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns)
+        inputs = MicroInputs(
+            logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns, is_weights, policy_mask
+        )
         loss, metrics = objective(inputs, divisors)
         if self._measure_gap:  # still the weights that the old log-probs came from: the engine-vs-trainer gap
             metrics["logprob_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask)

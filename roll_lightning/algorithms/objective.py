@@ -8,6 +8,9 @@
     H  entropy bonus:        aggregate(H_t, m, agg)
     V  critic (ppo-gae):     aggregate(0.5 max((v-R)^2, (v_clip-R)^2), m, token-mean)   (`losses.value_token_losses`)
 
+With an off-policy correction (`algorithms.correction`) the policy token losses are weighted, ``w_t l_t``, and
+tokens a mask dropped leave P's numerator and denominator.
+
 Every term is ``N / D``: a numerator that adds up over rows (`aggregation.numerator`: sums of token losses,
 or of per-row means) and a denominator fixed by the *whole* mini-batch's mask (`Divisors`: its tokens, its
 rows, its sequences, or a constant). A micro-batch adds ``N_k / D`` for each term, so the sum over micro-batches
@@ -35,7 +38,8 @@ ADDITIVE = frozenset({"loss", "pg_loss", "kl", "entropy", "value_loss"})
 class Divisors:
     """Each term's denominator, from the whole mini-batch's response mask (before any micro-batch runs)."""
 
-    policy: float  # PPO: aggregate's denominator; GSPO: the number of sequences (rows with a reply token)
+    policy: float  # PPO: aggregate's denominator; GSPO: the number of sequences (rows with a reply token); both
+    # over the policy term's tokens (the reply tokens, minus those an off-policy mask dropped)
     regularizer: float  # KL and entropy: aggregate's denominator under the run's aggregation
     value: float  # critic: the number of reply tokens (token-mean)
 
@@ -53,6 +57,8 @@ class MicroInputs:
     values: Tensor | None = None
     old_values: Tensor | None = None
     returns: Tensor | None = None
+    is_weights: Tensor | None = None  # off-policy importance weights of the policy term (`algorithms.correction`)
+    policy_mask: Tensor | None = None  # the policy term's tokens (None: ``mask``)
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,13 @@ class Objective:
     value_coef: float = 0.0
     value_clip: float | None = 0.2
 
-    def divisors(self, mask: Tensor) -> Divisors:
-        """The denominators of a mini-batch with response mask ``mask`` (``[B, L]``, the batch's width)."""
+    def divisors(self, mask: Tensor, policy_mask: Tensor | None = None) -> Divisors:
+        """The denominators of a mini-batch with response mask ``mask`` (``[B, L]``, the batch's width) and, when
+        an off-policy mask dropped tokens, ``policy_mask`` (what is left of the policy term)."""
         norm_len = self.norm_len if self.norm_len is not None else mask.shape[-1]
-        rows = float((mask.bool().sum(-1) > 0).sum().clamp(min=1))
-        policy = rows if self.loss == "gspo" else denominator(mask, self.aggregation, norm_len)
+        pmask = mask if policy_mask is None else policy_mask
+        rows = float((pmask.bool().sum(-1) > 0).sum().clamp(min=1))
+        policy = rows if self.loss == "gspo" else denominator(pmask, self.aggregation, norm_len)
         return Divisors(
             policy=policy,
             regularizer=denominator(mask, self.aggregation, norm_len),
@@ -88,17 +96,22 @@ class Objective:
 
     def __call__(self, x: MicroInputs, d: Divisors) -> tuple[Tensor, dict[str, Tensor]]:
         """This micro-batch's share of ``L`` (sum them over the mini-batch's micro-batches) and its metrics."""
+        pmask = x.mask if x.policy_mask is None else x.policy_mask
         if self.loss == "gspo":
             token_losses, _, metrics = losses.gspo_token_losses(
-                x.logp, x.old_logp, x.advantages, x.mask, clip_low=self.clip_low, clip_high=self.clip_high
+                x.logp, x.old_logp, x.advantages, pmask, clip_low=self.clip_low, clip_high=self.clip_high
             )
-            policy = token_losses.sum() / d.policy
         else:
             token_losses, metrics = losses.ppo_token_losses(
-                x.logp, x.old_logp, x.advantages, x.mask, clip_low=self.clip_low, clip_high=self.clip_high,
+                x.logp, x.old_logp, x.advantages, pmask, clip_low=self.clip_low, clip_high=self.clip_high,
                 dual_clip=self.dual_clip,
             )  # fmt: skip
-            policy = numerator(token_losses, x.mask, self.aggregation) / d.policy
+        if x.is_weights is not None:
+            token_losses = token_losses * x.is_weights
+        if self.loss == "gspo":
+            policy = token_losses.sum() / d.policy
+        else:
+            policy = numerator(token_losses, pmask, self.aggregation) / d.policy
         out = dict(metrics)
         out["pg_loss"] = policy.detach()
         total = policy

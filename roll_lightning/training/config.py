@@ -43,6 +43,7 @@ _RULES = {
     "value_coef": ">= 0",
     "value_clip": ">= 0",
     "max_grad_norm": ">= 0 (0 = no clipping)",
+    "cap": "> 1",
     "lr": "> 0",
     "critic_lr": "> 0, or null (10 x lr)",
     "weight_decay": ">= 0",
@@ -72,6 +73,39 @@ def check_sampling_temperature(value: float) -> None:
     """Training samples at a temperature > 0 (see `TEMPERATURE_REASON`); named under the key users set."""
     if not value > 0:  # NaN fails too
         raise TrainingConfigError(f"{TEMPERATURE_KEY} must be > 0 for training, got {value!r}: {TEMPERATURE_REASON}")
+
+
+@dataclass(frozen=True)
+class CorrectionConfig:
+    """Off-policy correction of the policy loss (formulas and sources: `roll_lightning.algorithms.correction`).
+
+    The weight of a reply token is how much likelier the trainer's old policy was to write it than the engine
+    that sampled it (``exp(old - behaviour)``, per token or per reply); it matters when they differ: a stale
+    sampler (``data.rollout.max_staleness > 0``, ``data.colocate: false``), vLLM or bf16 numerics.
+
+    Args:
+        mode: ``none`` (measured and logged, not applied), ``truncate`` (TIS: weights capped at ``cap``) or
+            ``mask`` (MIS: tokens whose weight leaves [1/cap, cap] are left out of the policy loss).
+        level: ``token`` (each token its own ratio), ``sequence`` (the product over its reply) or ``geometric``
+            (the geometric mean over its reply).
+        span: for the sequence levels, what a reply is: ``turn`` (one assistant turn) or ``trajectory`` (every
+            reply of a row).
+        cap: ``C`` (> 1).
+    """
+
+    mode: Literal["none", "truncate", "mask"] = "none"
+    level: Literal["token", "sequence", "geometric"] = "token"
+    span: Literal["turn", "trajectory"] = "turn"
+    cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "mode": self.mode in ("none", "truncate", "mask"),
+            "level": self.level in ("token", "sequence", "geometric"),
+            "span": self.span in ("turn", "trajectory"),
+            "cap": self.cap > 1,
+        }
+        _check("model.algorithm.correction", self, checks)
 
 
 @dataclass(frozen=True)
@@ -112,6 +146,8 @@ class AlgorithmConfig:
             (True) or the engine's sampling log-probs (False). Their gap is logged as ``train/logprob_gap``.
         temperature: the sampling temperature; the trainer divides logits by it so its log-probs describe the
             distribution the engine sampled from.
+        correction: off-policy correction of the policy loss (TIS / MIS weights); needs
+            ``recompute_old_logprobs: true`` (without it the old policy *is* the sampler's log-probs).
         gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% more compute).
     """
 
@@ -141,6 +177,7 @@ class AlgorithmConfig:
     recompute_old_logprobs: bool = True
     temperature: float = 1.0
     gradient_checkpointing: bool = False
+    correction: CorrectionConfig = CorrectionConfig()
 
     def __post_init__(self) -> None:
         checks = {
@@ -169,6 +206,12 @@ class AlgorithmConfig:
             "max_grad_norm": self.max_grad_norm >= 0,
         }
         _check("model.algorithm", self, checks)
+        if self.correction.mode != "none" and not self.recompute_old_logprobs:
+            raise TrainingConfigError(
+                f"model.algorithm.correction.mode={self.correction.mode} needs model.algorithm.recompute_old_logprobs:"
+                " true: the correction weighs the trainer's old log-probs against the sampler's, and without the"
+                " recompute they are the same numbers"
+            )
 
     @property
     def clip(self) -> tuple[float, float]:

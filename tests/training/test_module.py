@@ -104,8 +104,13 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
         ),
         (  # each micro-batch divided its entropy and KL by its own tokens, and the policy term by its own rows
             {"micro_batch_size": 8, "micro_batching": "fixed", "loss": "gspo", "kl_coef": 0.1, "entropy_coef": 0.01},
-            {"micro_batching": "token_budget", "max_tokens_per_micro": 40, "loss": "gspo", "kl_coef": 0.1,
-             "entropy_coef": 0.01},
+            {
+                "micro_batching": "token_budget",
+                "max_tokens_per_micro": 40,
+                "loss": "gspo",
+                "kl_coef": 0.1,
+                "entropy_coef": 0.01,
+            },
         ),  # fmt: skip
         (  # each micro-batch divided by its own trimmed width
             {"micro_batch_size": 8, "micro_batching": "fixed", "aggregation": "seq-mean-token-sum-norm"},
@@ -173,3 +178,25 @@ def test_bad_algorithm_settings_name_the_key() -> None:
         AlgorithmConfig(dual_clip=0.5)
     with pytest.raises(TrainingConfigError, match="model.optim.lr"):
         OptimConfig(lr=0)
+
+
+@pytest.mark.parametrize("mode", ["none", "truncate", "mask"])
+def test_the_off_policy_correction_is_measured_and_logged_every_step(
+    model_dir: Path, tokenizer: Any, tmp_path: Path, mode: str
+) -> None:
+    """The hand-made batch's behaviour log-probs are the model's own: every weight is 1 (nothing truncated or
+    masked), and the update is the uncorrected one."""
+    from roll_lightning.training.config import CorrectionConfig
+
+    batch = handmade_batch(model_dir, tokenizer)
+    params = []
+    for i, correction in enumerate((CorrectionConfig(), CorrectionConfig(mode=mode, level="sequence"))):  # type: ignore[arg-type]
+        algorithm = AlgorithmConfig(correction=correction, recompute_old_logprobs=True)
+        module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-4))
+        trainer = fit(module, batch, tmp_path / str(i))
+        params.append(torch.cat([p.detach().flatten() for p in module.actor.parameters()]))
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/is_")}
+    assert logged["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert logged["train/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
+    assert logged["train/is_truncated_frac"] == logged["train/is_masked_frac"] == 0.0
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)

@@ -92,6 +92,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
     assert first == {
         "step": 4,
         "env_id": "sokoban",
+        "tag": "sokoban",
         "group": "sokoban/g0/s4000",
         "traj": "sokoban/g0/s4000/m0",
         "seed": 4000,

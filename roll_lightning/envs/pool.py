@@ -300,6 +300,10 @@ class EnvPool:
         """The env ids each endpoint serves, as last reported (empty for one that has not answered)."""
         return {ep.address: sorted(ep.env_ids) for ep in self.endpoints}
 
+    def _nobody_serves(self, env_id: str) -> bool:
+        """Every endpoint has reported the env ids it serves and none lists ``env_id``: waiting cannot help."""
+        return all(ep.env_ids for ep in self.endpoints) and not any(env_id in ep.env_ids for ep in self.endpoints)
+
     async def wait_serving(self, env_id: str) -> bool:
         """Wait (up to ``start_timeout_s``) for a healthy endpoint that serves ``env_id``; False if none comes."""
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
@@ -321,6 +325,11 @@ class EnvPool:
                 ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0 and _serves(ep, env_id)
             ]
             candidates = [ep for ep in candidates if ep.address not in tried]
+            if not candidates and not tried and self._nobody_serves(env_id):
+                raise EpisodeFailed(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no env endpoint serves env id '{env_id}' (served: {_served_text(self.served())})",
+                )
             if not candidates and not tried and not self.healthy_endpoints(env_id):
                 await self.wait_available(env_id)  # an outage: wait for an endpoint to come back (bounded)
                 continue
@@ -495,3 +504,7 @@ def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: fl
 def _serves(ep: Endpoint, env_id: str | None) -> bool:
     """``ep`` serves ``env_id`` (any env when not given, or when the server lists none)."""
     return env_id is None or not ep.env_ids or env_id in ep.env_ids
+
+
+def _served_text(served: dict[str, list[str]]) -> str:
+    return "; ".join(f"{address}: {', '.join(ids) or '?'}" for address, ids in served.items())

@@ -267,7 +267,7 @@ async def test_a_context_budget_smaller_than_the_first_prompt_is_a_clear_error(p
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"batch_size": 5, "group_size": 2}, "batch_size=5 is not divisible by rollout.group_size=2"),
+        ({"batch_size": 5, "group_size": 2}, "batch_size=5 is not divisible by data.rollout.group_size=2"),
         ({"group_size": 0}, "group_size must be >= 1"),
         ({"mode": "sometimes"}, "rollout.mode"),
         ({"max_staleness": -1}, "max_staleness"),

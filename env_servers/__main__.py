@@ -132,18 +132,40 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    from env_servers.conformance import run_conformance
+    from env_servers.conformance import CHECKS, run_conformance
 
+    if args.address is None and args.launch is None:
+        print("conformance: give the server's HOST:PORT, or --launch a command that starts it", file=sys.stderr)
+        return 2
+    try:
+        config = json.loads(args.config) if args.config else None
+    except json.JSONDecodeError as err:
+        print(f"conformance: --config is not JSON ({err}): {args.config!r}", file=sys.stderr)
+        return 2
+    if config is not None and not isinstance(config, dict):
+        print(f"conformance: --config must be a JSON object, got {args.config!r}", file=sys.stderr)
+        return 2
+    unknown = [name for name in args.only or [] if name not in CHECKS]
+    if unknown:
+        print(f"conformance: --only {', '.join(unknown)}: no such check (checks: {', '.join(CHECKS)})", file=sys.stderr)
+        return 2
     results = run_conformance(
         args.address,
         args.env,
-        config=json.loads(args.config) if args.config else None,
+        config=config,
         second=args.second,
         token=args.token or os.environ.get("ROLL_ENV_TOKEN"),
+        crash_action=args.crash_action,
+        garbage=args.garbage,
+        launch=args.launch,
+        only=args.only,
     )
-    failed = [name for name, message in results.items() if message]
+    failed = [name for name, outcome in results.items() if outcome.failed]
+    skipped = [name for name, outcome in results.items() if outcome.status == "SKIP"]
+    ran = len(results) - len(skipped)
     print(
-        f"{len(results) - len(failed)}/{len(results)} checks passed"
+        f"{ran - len(failed)}/{ran} checks passed"
+        + (f", {len(skipped)} skipped ({', '.join(skipped)})" if skipped else "")
         + (f"; failed: {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
@@ -200,11 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     describe.set_defaults(func=_describe)
 
     conformance = sub.add_parser("conformance", help="check that a running server (any language) follows the protocol")
-    conformance.add_argument("address", help="host:port of the server under test")
+    conformance.add_argument("address", nargs="?", help="host:port of the server under test (or --launch)")
     conformance.add_argument("--env", required=True, help="env id to test on that server")
     conformance.add_argument("--config", help="env config as JSON")
     conformance.add_argument("--second", help="host:port of a second process of the same server (determinism check)")
-    conformance.add_argument("--token", help="bearer token, if the server requires one")
+    conformance.add_argument("--token", help="bearer token, if the server requires one (checks UNAUTHENTICATED)")
+    conformance.add_argument("--crash-action", help="an action that makes the env raise (checks INTERNAL)")
+    conformance.add_argument(
+        "--garbage", help="a reply the env must refuse with action_valid=false (default: a snowman text; '' skips)"
+    )
+    conformance.add_argument(
+        "--launch", help="start the server with this command ({port} = a free port): checks loading and drain"
+    )
+    conformance.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     conformance.set_defaults(func=_conformance)
 
     args = parser.parse_args(argv)

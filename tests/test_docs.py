@@ -23,6 +23,15 @@ def test_writing_an_env_example_conforms(tmp_path, monkeypatch):
     try:
         lines: list[str] = []
         results = run_conformance(server.address, "countdown", report=lines.append)
-        assert not [name for name, msg in results.items() if msg], "\n".join(lines)
+        assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
     finally:
         server.stop()
+
+
+def test_the_rules_list_matches_the_suite_one_to_one():
+    """docs/writing-an-env.md's "Rules a server must follow" names every check of the suite, once, in order."""
+    from env_servers.conformance import CHECKS
+
+    section = DOC.read_text().split("## Rules a server must follow", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^\d+\. \*\*`([a-z-]+)`\*\*", section, re.M)
+    assert named == list(CHECKS)

@@ -241,6 +241,36 @@ async def test_sigterm_drains_gracefully(subprocess_env):
         server.stop()
 
 
+async def test_sigterm_lets_every_episode_in_progress_finish_then_exits(subprocess_env):
+    """Before: with --drain-seconds 45, 55-61 of 64 episodes in progress ended CANCELLED within 0.01 s of the
+    SIGTERM (their next BatchStep was a new call, refused at once). Now their steps are served to the end, new
+    episodes are refused as draining, and the server exits once the last episode has ended."""
+    server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs", "--drain-seconds", "45"])
+    try:
+        async with EnvPool([server.address], transport="batch", health_interval_s=0.2) as pool:
+            sessions = [await pool.open("slow", {"max_steps": 6, "delay_s": 0.01}) for _ in range(64)]
+            await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
+
+            async def play_out(session) -> int:
+                steps = 0
+                while not (await session.step("go")).done:
+                    steps += 1
+                return steps + 1
+
+            playing = asyncio.gather(*(play_out(s) for s in sessions))
+            await asyncio.sleep(0.05)
+            server.process.send_signal(signal.SIGTERM)
+            assert await playing == [6] * 64, "every episode in progress played to its end during the drain"
+            with pytest.raises(EpisodeFailed) as refused:
+                await sessions[0].reset(seed=100)
+            assert refused.value.draining, refused.value
+            assert not pool.endpoints[0].accepting
+            code = await asyncio.get_running_loop().run_in_executor(None, server.process.wait, 20)
+            assert code == 0, "the server stopped once no episode was in progress, long before its 45 s"
+    finally:
+        server.stop()
+
+
 async def test_pool_refuses_bad_endpoints():
     with pytest.raises(ValueError, match="not host:port"):
         EnvPool(["localhost"])

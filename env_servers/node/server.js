@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 'use strict';
 // A Node.js env server for the roll_lightning env protocol (protos/roll_lightning/env/v1/env.proto):
-// EnvService + grpc.health.v1 + server reflection, idle-session reaping, graceful drain on SIGTERM.
+// EnvService + grpc.health.v1 + server reflection, idle-session reaping, graceful drain on SIGTERM/SIGINT.
 //
 //   node env_servers/node/server.js [ENV_ID ...] --host 127.0.0.1 --port 0 [--max-sessions N]
 //        [--session-ttl S] [--max-action-bytes N] [--drain-seconds S] [--seed N] [--token T]
@@ -32,6 +32,9 @@ const LOADER_OPTIONS = {
   includeDirs: [PROTO_ROOT],
 };
 
+const DRAIN_CHECK_MS = 50; // how often the drain looks for episodes still in progress
+const FLUSH_GRACE_MS = 1000; // once none is left: how long calls still open may take to finish
+
 const USAGE = `usage: node server.js [ENV_ID ...] [options]
 
 Serve env ids (default: ${DEFAULT_ENVS.join(', ')}) over gRPC.
@@ -43,7 +46,7 @@ options:
   --session-ttl S          seconds before an idle session is closed (default 600)
   --max-action-bytes N     larger action texts are refused with INVALID_ARGUMENT (default 65536)
   --max-message-bytes N    gRPC message size limit (default 16 MiB)
-  --drain-seconds S        grace period on SIGTERM (default 10)
+  --drain-seconds S        on SIGTERM/SIGINT, the longest wait for episodes in progress to end (default 10)
   --seed N                 seed for server-drawn episode seeds (unseeded Resets)
   --token T                require 'authorization: Bearer T' (or set ROLL_ENV_TOKEN)
   --token-file PATH        read the bearer token from a file
@@ -216,24 +219,54 @@ function main() {
       })}\n`,
     );
 
+    // Drain (proto header, "Draining"): NOT_SERVING and ServerInfo.draining at once; CreateSession and new
+    // Resets are refused (UNAVAILABLE, "draining: ..."), everything else is served so that episodes in
+    // progress finish. Stop as soon as no episode is in progress (checked every 50 ms), or when the drain
+    // period is over, whichever comes first; only calls still open then are cut off.
     let draining = false;
     const drain = (signal) => {
       if (draining) return;
       draining = true;
-      log(`${signal}: draining (up to ${opts.drainSeconds}s)`);
+      log(`${signal}: draining (up to ${opts.drainSeconds}s, or until no episode is in progress)`);
       service.draining = true;
       setHealth('NOT_SERVING');
-      clearInterval(reaper);
-      const force = setTimeout(() => {
-        log('drain period over: cancelling the calls still open');
-        server.forceShutdown();
-        process.exit(0);
-      }, opts.drainSeconds * 1000);
-      server.tryShutdown(() => {
-        clearTimeout(force);
+      const deadline = Date.now() + opts.drainSeconds * 1000;
+      const finish = () => {
         log('stopped');
         process.exit(0);
-      });
+      };
+      const cutOff = (why) => {
+        log(`${why}: cancelling the calls still open`);
+        server.forceShutdown();
+        finish();
+      };
+      let stopping = false;
+      let watch = null;
+      const check = () => {
+        if (stopping) return;
+        const open = table.inProgress();
+        if (open > 0 && Date.now() < deadline) return;
+        stopping = true;
+        if (watch !== null) clearInterval(watch);
+        if (open > 0) {
+          cutOff(`drain period over with ${open} episodes in progress`);
+          return;
+        }
+        log('no episode in progress: stopping');
+        // Answers already sent are flushed (tryShutdown waits for open calls); a call left open (an idle
+        // Stream, a health Watch) is cut off after a short grace, never later than the drain period.
+        const grace = Math.max(0, Math.min(FLUSH_GRACE_MS, deadline - Date.now()));
+        const force = setTimeout(() => cutOff('calls still open'), grace);
+        server.tryShutdown(() => {
+          clearTimeout(force);
+          finish();
+        });
+      };
+      check();
+      if (!stopping) {
+        watch = setInterval(check, DRAIN_CHECK_MS);
+        setTimeout(check, Math.max(0, deadline - Date.now())); // exact end of the drain period
+      }
     };
     process.on('SIGTERM', () => drain('SIGTERM'));
     process.on('SIGINT', () => drain('SIGINT'));

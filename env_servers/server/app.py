@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from env_servers.server.guards import SERVICE_NAME, DecodeGuard, TokenInterceptor, receive_limit, token_problem
 from env_servers.server.service import EnvService
@@ -28,6 +28,7 @@ log = logging.getLogger("env_servers")
 SEND_LIMIT_BYTES = 16 * 1024 * 1024  # answers (observations) are not bounded by the action size
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+DRAIN_POLL_S = 0.05  # how often a draining server looks for episodes still in progress
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ServerConfig:
     tls_key: bytes | None = None
     seed: int | None = None  # seeds the per-session RNGs that draw seeds for unseeded Resets
     env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # env id -> operator config
+    reflection_versions: tuple[str, ...] = ("v1", "v1alpha")  # grpc.reflection versions served (env.proto)
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -62,6 +64,8 @@ class ServerConfig:
             raise ValueError(f"max_message_bytes must be >= 1, got {self.max_message_bytes}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
+        if not self.reflection_versions or set(self.reflection_versions) - {"v1", "v1alpha"}:
+            raise ValueError(f"reflection_versions: v1 and/or v1alpha, got {self.reflection_versions}")
         if self.token is not None and (problem := token_problem(self.token)):
             raise ValueError(f"token {problem}; give a real token, or None to serve without authentication")
 
@@ -69,6 +73,24 @@ class ServerConfig:
     def receive_bytes(self) -> int:
         """The largest request message the server reads (larger ones get RESOURCE_EXHAUSTED from gRPC)."""
         return self.max_message_bytes or receive_limit(self.max_action_bytes)
+
+
+def add_reflection(server: grpc.aio.Server, versions: tuple[str, ...]) -> None:
+    """Server reflection (grpcurl, the conformance suite) as grpc.reflection.v1 and/or v1alpha. grpcio-reflection
+    ships v1alpha only; v1 has the same messages under another service name, so the same servicer serves it."""
+    v1 = "grpc.reflection.v1.ServerReflection"
+    names = (SERVICE_NAME, "grpc.health.v1.Health", *((reflection.SERVICE_NAME,) if "v1alpha" in versions else ()))
+    names = (*names, *((v1,) if "v1" in versions else ()))
+    if "v1alpha" in versions:
+        reflection.enable_server_reflection(names, server)
+    if "v1" in versions:
+        servicer = reflection.aio.ReflectionServicer(names)
+        handler = grpc.stream_stream_rpc_method_handler(
+            servicer.ServerReflectionInfo,
+            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(v1, {"ServerReflectionInfo": handler}),))
 
 
 class EnvServer:
@@ -106,7 +128,7 @@ class EnvServer:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         pb_grpc.add_EnvServiceServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
+        add_reflection(server, cfg.reflection_versions)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, NOT_SERVING)  # until the envs have loaded
         target = f"{cfg.host}:{cfg.port}"
@@ -140,14 +162,20 @@ class EnvServer:
                 log.info("closed %d idle sessions", closed)
 
     async def drain_and_stop(self, grace: float | None = None) -> None:
-        """Graceful drain: NOT_SERVING, refuse new sessions/episodes, let in-flight calls finish, stop."""
+        """Graceful drain (env.proto, "Draining"): NOT_SERVING and new sessions and episodes refused at once;
+        steps keep being served until no episode is in progress or ``grace`` (default: the drain period) is
+        over; then stop, cutting off only the calls still open."""
         if self._server is None:
             return
         self.service.draining = True
         await self.health.enter_graceful_shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.drain_seconds if grace is None else grace)
+        while self.table.episodes_in_progress() and loop.time() < deadline:
+            await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
         if self._reaper:
             self._reaper.cancel()
-        await self._server.stop(self.config.drain_seconds if grace is None else grace)
+        await self._server.stop(max(0.1, min(1.0, deadline - loop.time())))  # the answers being sent now
         self.service.pool.shutdown(wait=False, cancel_futures=True)
         self._server = None
         self._stopped.set()

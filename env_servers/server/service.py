@@ -30,6 +30,7 @@ PARALLEL_ITEM_S = 0.001
 INLINE_BUDGET_S = 0.005  # a whole 64-item FrozenLake batch (steps and resets) fits, even on a loaded box
 PROTOCOL_VERSION = "v1"
 IMPLEMENTATION = "env_servers-python/0.1.0"
+CAPABILITIES = ("batch", "batch-mixed", "stream")  # the optional parts of the protocol served here (env.proto)
 T = TypeVar("T")
 
 
@@ -56,13 +57,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             await context.abort(err.code, err.message)
         raise AssertionError("unreachable")
 
-    def _refuse_new_work(self) -> None:
-        if self.draining:
-            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, "server is draining (shutting down); use another server")
-
     def _reset_item(self, req: pb.ResetRequest) -> pb.ResetResult:
-        self._refuse_new_work()
-        return self.table.run(req.session_id, lambda s: s.reset(req))
+        return self.table.run(req.session_id, lambda s: s.reset(req, draining=self.draining))
 
     def _step_item(self, req: pb.StepRequest) -> pb.StepResult:
         return self.table.run(req.session_id, lambda s: s.step(req, self.max_action_bytes))
@@ -98,18 +94,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
             max_action_bytes=self.max_action_bytes,
             session_ttl_s=self.table.session_ttl_s,
             implementation=IMPLEMENTATION,
-            capabilities=["batch", "batch-mixed", "stream", "idempotent-retry"],
+            capabilities=list(CAPABILITIES),
         )
 
     async def DescribeEnv(self, request: pb.DescribeEnvRequest, context: Any) -> pb.EnvSpec:
         return await self._call(context, lambda: self.table.describe(request.env_id, request.config))
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:
-        def create() -> pb.CreateSessionResponse:
-            self._refuse_new_work()
-            return self.table.create(request)
-
-        return await self._call(context, create)
+        return await self._call(context, lambda: self.table.create(request, draining=self.draining))
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
         return pb.CloseSessionResponse(existed=await self._call(context, lambda: self.table.close(request.session_id)))

@@ -44,6 +44,10 @@ class ProtocolError(Exception):
         return pb.Status(code=self.code.value[0], message=self.message)
 
 
+# A draining server's refusal of new work: UNAVAILABLE with a message that starts with "draining" (the spec).
+DRAINING = "draining: the server is shutting down; start new sessions and episodes on another server"
+
+
 def _new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
 
@@ -98,7 +102,12 @@ class Session:
     last_reset: tuple[str, pb.ResetResult] | None = None
     last_step: tuple[str, int, pb.StepResult] | None = None
 
-    def reset(self, req: pb.ResetRequest) -> pb.ResetResult:
+    @property
+    def in_progress(self) -> bool:
+        """An episode has been reset and has not ended (a draining server waits for these)."""
+        return self.episode_id is not None and not self.done
+
+    def reset(self, req: pb.ResetRequest, *, draining: bool = False) -> pb.ResetResult:
         if not req.request_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
         if self.last_reset and self.last_reset[0] == req.request_id:
@@ -108,6 +117,8 @@ class Session:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"request_id '{req.request_id}' is a stale Reset: episode {self.episode_id} has moved on",
             )
+        if draining:  # a replay above is still answered; a new episode is not started
+            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, DRAINING)
         seed = req.seed if req.HasField("seed") else int(self.rng.integers(0, 2**63))
         options = json_format.MessageToDict(req.options) if req.HasField("options") else None
         self.episode_id, self.steps_taken, self.done, self.last_step = None, 0, "", None
@@ -272,7 +283,7 @@ class SessionTable:
         except ConfigError as exc:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
 
-    def create(self, req: pb.CreateSessionRequest) -> pb.CreateSessionResponse:
+    def create(self, req: pb.CreateSessionRequest, *, draining: bool = False) -> pb.CreateSessionResponse:
         if not req.request_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
         with self._lock:
@@ -280,6 +291,8 @@ class SessionTable:
         if replay is not None:
             session = self.get(replay)
             return pb.CreateSessionResponse(session_id=replay, spec=self._spec(session.entry, session.config))
+        if draining:
+            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, DRAINING)
         entry = self.entry(req.env_id)
         config = self._config(entry, req.config)
         with self._lock:
@@ -331,6 +344,11 @@ class SessionTable:
             session.last_used = time.monotonic()
             with self._lock:
                 session.busy -= 1
+
+    def episodes_in_progress(self) -> int:
+        """Sessions whose episode has been reset and has not ended, or with a call running (a Reset computing)."""
+        with self._lock:
+            return sum(session.in_progress or session.busy > 0 for session in self._sessions.values())
 
     def reap_idle(self, now: float | None = None) -> int:
         """Close sessions unused for longer than the TTL; returns how many were closed."""

@@ -4,11 +4,18 @@ No torch here: the client is usable from any asyncio program (and from `python -
 """
 
 from roll_lightning.envs.client import EnvClient
-from roll_lightning.envs.errors import EnvOutage, EpisodeFailed, EpisodesKeepFailing, NoEndpointAvailable
+from roll_lightning.envs.errors import (
+    EchoMismatch,
+    EnvOutage,
+    EpisodeFailed,
+    EpisodesKeepFailing,
+    NoEndpointAvailable,
+)
 from roll_lightning.envs.pool import EnvPool
 from roll_lightning.envs.session import EnvSession, ResetOutcome, StepOutcome
 
 __all__ = [
+    "EchoMismatch",
     "EnvClient",
     "EnvOutage",
     "EpisodesKeepFailing",

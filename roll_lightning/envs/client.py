@@ -90,8 +90,8 @@ class EnvClient:
             try:
                 return await attempt(remaining)
             except grpc.aio.AioRpcError as err:
-                if err.code() not in RETRYABLE:
-                    raise self._failed(err, session_id) from err
+                if err.code() not in RETRYABLE or (err.details() or "").startswith("draining"):
+                    raise self._failed(err, session_id) from err  # a draining server will not take it later
                 if first:  # calls that needed a retry, however many tries each took
                     self.retried_calls, first = self.retried_calls + 1, False
                 await asyncio.sleep(min(backoff * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
@@ -198,17 +198,20 @@ class _StreamMux:
         try:
             async for response in self._call:
                 fut = self._pending.pop(response.tag, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(getattr(response, response.WhichOneof("result")))
-            error: BaseException = grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream ended"
-            )
+                if fut is None or fut.done():
+                    continue
+                kind = response.WhichOneof("result")
+                if kind is None:  # a malformed answer fails its own call, not the stream (env.proto, "Stream")
+                    fut.set_exception(_rpc_error(grpc.StatusCode.INTERNAL, "a stream answer without a result"))
+                else:
+                    fut.set_result(getattr(response, kind))
+            error: BaseException = _rpc_error(grpc.StatusCode.UNAVAILABLE, "stream ended")
         except grpc.aio.AioRpcError as err:
             error = err
         except asyncio.CancelledError:
-            error = grpc.aio.AioRpcError(
-                grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream closed"
-            )
+            error = _rpc_error(grpc.StatusCode.CANCELLED, "stream closed")
+        except Exception as err:  # whatever breaks the reader breaks the stream: later calls open a new one
+            error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"stream reader failed: {err!r}")
         self.broken = True
         for fut in self._pending.values():
             if not fut.done():
@@ -217,9 +220,7 @@ class _StreamMux:
 
     async def call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
         if self.broken:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "stream broken"
-            )
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "stream broken")
         tag = next(self._tags)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[tag] = fut
@@ -229,11 +230,13 @@ class _StreamMux:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             self._pending.pop(tag, None)
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no answer on the stream"
-            ) from None
+            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer on the stream") from None
 
     def close(self) -> None:
         self._outbox.put_nowait(None)
         self._call.cancel()
         self._reader.cancel()
+
+
+def _rpc_error(code: grpc.StatusCode, detail: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), detail)

@@ -30,6 +30,12 @@ class EpisodeFailed(Exception):
         super().__init__(f"{code.name}: {detail}{where}")
 
     @property
+    def draining(self) -> bool:
+        """The endpoint refused new work because it is shutting down (env.proto: UNAVAILABLE, "draining..."):
+        not worth retrying there, and not the episode's fault."""
+        return self.code == grpc.StatusCode.UNAVAILABLE and self.detail.startswith("draining")
+
+    @property
     def infrastructure(self) -> bool:
         """True when the fault is the server's or the network's, not the request's."""
         return self.code in {
@@ -40,6 +46,25 @@ class EpisodeFailed(Exception):
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.CANCELLED,
         }
+
+
+class EchoMismatch(EpisodeFailed):
+    """A server answered with ids that are not the ones asked for (env.proto, "Echoes"): another session's
+    episode, the wrong step or seed. Typically a replay cache keyed by request_id server-wide instead of per
+    session. The episode is abandoned (and replayed elsewhere): training on it would corrupt the batch.
+
+    Attributes (besides `EpisodeFailed`'s): ``field`` (e.g. ``"episode_id"``), ``expected`` and ``got``.
+    """
+
+    def __init__(self, field: str, expected: object, got: object, *, endpoint: str, session_id: str) -> None:
+        self.field, self.expected, self.got = field, expected, got
+        super().__init__(
+            grpc.StatusCode.INTERNAL,
+            f"the server's answer names {field}={got!r}, but the request was for {field}={expected!r} "
+            "(a protocol violation: its replay cache may not be per session)",
+            endpoint=endpoint,
+            session_id=session_id,
+        )
 
 
 class NoEndpointAvailable(EpisodeFailed):

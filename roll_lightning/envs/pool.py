@@ -55,6 +55,8 @@ class Endpoint:
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
     mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
+    capabilities: frozenset[str] = frozenset()  # the optional protocol parts the server advertises (env.proto)
+    warned_transport: bool = False
     env_ids: frozenset[str] = frozenset()  # what the server serves (its ServerInfo); empty until it answers
     ejected: bool = False
     failures: int = 0
@@ -211,7 +213,14 @@ class EnvPool:
                 if not ep.creating:  # otherwise the server's count misses our in-flight placements
                     ep.active = info.active_sessions
                 ep.accepting = not info.draining
+                ep.capabilities = frozenset(info.capabilities)
                 ep.mixed = self.mixed_batches and "batch-mixed" in info.capabilities
+                if self.transport != "unary" and self.transport not in ep.capabilities and not ep.warned_transport:
+                    ep.warned_transport = True
+                    log.warning(
+                        "env endpoint %s does not offer the %r transport (capabilities: %s); using unary calls",
+                        ep.address, self.transport, ", ".join(sorted(ep.capabilities)) or "none",
+                    )  # fmt: skip
             else:
                 ep.accepting = False
             if ep.ejected:
@@ -240,6 +249,12 @@ class EnvPool:
             log.warning(
                 "every env endpoint is down; new episodes wait up to %gs for one to come back", self.outage_timeout_s
             )
+
+    def _stop_placing(self, ep: Endpoint) -> None:
+        """``ep`` said it is draining: no new sessions or episodes there until a health check says otherwise."""
+        ep.accepting = False
+        if self._tasks:
+            self._note_availability()
 
     @property
     def in_outage(self) -> bool:
@@ -349,6 +364,8 @@ class EnvPool:
                     raise  # a bad env id or config fails the same way everywhere
                 if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     ep.capacity = ep.active
+                if err.draining:
+                    self._stop_placing(ep)
                 tried.append(ep.address)
                 continue
             finally:
@@ -389,8 +406,10 @@ class EnvPool:
         self.stats["resets"] += kind == "reset"
         try:
             return await self._call(ep, kind, request, timeout)
-        except EpisodeFailed:
+        except EpisodeFailed as err:
             self.stats["failed_calls"] += 1
+            if err.draining:  # no new episodes there; its episodes in progress keep stepping
+                self._stop_placing(ep)
             raise
 
     def counters(self) -> dict[str, int]:
@@ -406,9 +425,10 @@ class EnvPool:
                 endpoint=ep.address,
                 session_id=request.session_id,
             )
-        if self.transport == "batch":
+        transport = self.transport if self.transport in ep.capabilities else "unary"
+        if transport == "batch":
             result = await self._batched(ep, kind, request, timeout)
-        elif self.transport == "stream":
+        elif transport == "stream":
             result = await self._await(ep, ep.client.stream_call(request, timeout))
         else:
             method = ep.client.reset if kind == "reset" else ep.client.step

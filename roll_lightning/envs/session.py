@@ -16,7 +16,7 @@ import grpc
 from google.protobuf import json_format
 
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs.errors import EpisodeFailed
+from roll_lightning.envs.errors import EchoMismatch, EpisodeFailed
 
 if TYPE_CHECKING:
     from roll_lightning.envs.pool import Endpoint, EnvPool
@@ -83,6 +83,13 @@ class EnvSession:
         if options:
             request.options.update(options)
         result = await self.pool.call(self.endpoint, "reset", request, self.pool.reset_timeout_s)
+        self._check_echo("session_id", self.session_id, result.session_id)
+        if seed is not None:
+            self._check_echo("seed", seed, result.seed)
+        if not result.episode_id or result.episode_id == self.episode_id:
+            raise EchoMismatch(
+                "episode_id", "a new episode id", result.episode_id, endpoint=self.address, session_id=self.session_id
+            )
         self.episode_id, self.step_index = result.episode_id, 0
         return ResetOutcome(result.episode_id, result.seed, result.observation, _to_dict(result, "info"))
 
@@ -104,6 +111,9 @@ class EnvSession:
         )
         request.action.text = action  # cheaper than building an Action message and copying it in
         result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
+        self._check_echo("session_id", self.session_id, result.session_id)
+        self._check_echo("episode_id", self.episode_id, result.episode_id)
+        self._check_echo("step_index", self.step_index, result.step_index)
         self.step_index += 1
         return StepOutcome(
             observation=result.observation,
@@ -128,6 +138,11 @@ class EnvSession:
             await self.endpoint.client.close_session(self.session_id, timeout=self.pool.health_timeout_s * 2)
         except EpisodeFailed:
             pass
+
+    def _check_echo(self, field: str, expected: object, got: object) -> None:
+        """Trust nothing: an answer must be about the session, episode, step and seed that were asked for."""
+        if got != expected:
+            raise EchoMismatch(field, expected, got, endpoint=self.address, session_id=self.session_id)
 
     def _check_open(self) -> None:
         if self.closed:

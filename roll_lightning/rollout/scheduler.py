@@ -363,8 +363,8 @@ class RolloutScheduler:
                 failures += 1
                 if group.finished:
                     return None
-                if self.note_failure(err, lane):
-                    attempts -= 1  # the outage's fault, not the episode's: the replay waits for an endpoint
+                if self.note_failure(err, lane) or (isinstance(err, EpisodeFailed) and err.draining):
+                    attempts -= 1  # the outage's (or a drain's) fault, not the episode's: replayed elsewhere
                 elif attempts > self.config.episode_retries:
                     log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
                     dropped = lane.queue.drop(group.index, "failed")
@@ -428,8 +428,11 @@ class RolloutScheduler:
                 task.cancel()
 
     async def _session(self, lane: LaneState) -> EnvSession:
-        if lane.idle_sessions:
-            return lane.idle_sessions.pop()
+        while lane.idle_sessions:
+            session = lane.idle_sessions.pop()
+            if session.endpoint.accepting and not session.endpoint.ejected:
+                return session
+            self._discard(session)  # its server is draining or down: new episodes go elsewhere
         return await lane.pool.open(lane.lane.env_id, lane.lane.env_config, tag=f"rank{self.rank}")
 
     def _discard(self, session: EnvSession | None) -> None:

@@ -14,6 +14,9 @@ const PROTOCOL_VERSION = 'v1';
 const IMPLEMENTATION = 'env_servers-node/0.1.0';
 const SERVICE_NAME = 'roll_lightning.env.v1.EnvService';
 const MALFORMED = Symbol('malformed');
+// The optional parts served (see the proto header). No "batch-mixed": BatchStep does not run its `resets`.
+const CAPABILITIES = Object.freeze(['batch', 'stream']);
+const DRAINING_MESSAGE = 'draining: server is shutting down; use another server';
 
 function deadlineOf(call) {
   const deadline = call.getDeadline();
@@ -45,15 +48,14 @@ class EnvService {
     return buf.length === this.expected.length && crypto.timingSafeEqual(buf, this.expected);
   }
 
+  /** While draining, new sessions and episodes are refused (retries of answered requests are replayed). */
   refuseNewWork() {
-    if (this.draining) {
-      throw new ProtocolError(status.UNAVAILABLE, 'server is draining (shutting down); use another server');
-    }
+    if (this.draining) throw new ProtocolError(status.UNAVAILABLE, DRAINING_MESSAGE);
   }
 
   resetItem(req) {
-    this.refuseNewWork();
-    return this.table.run(req.session_id, (s) => s.reset(req));
+    // The drain check runs in the session's turn, after the replay check: a retried Reset is still answered.
+    return this.table.run(req.session_id, (s) => s.reset(req, () => this.refuseNewWork()));
   }
 
   stepItem(req) {
@@ -124,13 +126,10 @@ class EnvService {
         max_action_bytes: this.maxActionBytes,
         session_ttl_s: this.table.sessionTtlS,
         implementation: IMPLEMENTATION,
-        capabilities: ['batch', 'stream', 'idempotent-retry'],
+        capabilities: [...CAPABILITIES],
       })),
       DescribeEnv: this.unary((req) => this.table.describe(req.env_id, req.config)),
-      CreateSession: this.unary((req) => {
-        this.refuseNewWork();
-        return this.table.create(req);
-      }),
+      CreateSession: this.unary((req) => this.table.create(req, () => this.refuseNewWork())),
       CloseSession: this.unary((req) => ({ existed: this.table.close(req.session_id) })),
       Reset: this.unary((req) => this.resetItem(req)),
       Step: this.unary((req) => this.stepItem(req)),
@@ -189,7 +188,9 @@ class EnvService {
     const tag = req.tag;
     if (req.reset) return { tag, reset: await this.item((r) => this.resetItem(r), req.reset, Infinity) };
     if (req.step) return { tag, step: await this.item((r) => this.stepItem(r), req.step, Infinity) };
-    return { tag, step: { status: { code: status.INVALID_ARGUMENT, message: 'request: set reset or step' } } };
+    // Neither set: answered with its tag (the stream stays open), as the proto header says.
+    const message = 'request: a StreamRequest sets exactly one of reset or step (neither was set)';
+    return { tag, step: { status: { code: status.INVALID_ARGUMENT, message } } };
   }
 }
 
@@ -213,4 +214,12 @@ function guardedDefinition(definition) {
   return guarded;
 }
 
-module.exports = { EnvService, guardedDefinition, PROTOCOL_VERSION, IMPLEMENTATION, SERVICE_NAME };
+module.exports = {
+  EnvService,
+  guardedDefinition,
+  PROTOCOL_VERSION,
+  IMPLEMENTATION,
+  SERVICE_NAME,
+  CAPABILITIES,
+  DRAINING_MESSAGE,
+};

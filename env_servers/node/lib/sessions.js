@@ -70,7 +70,16 @@ class Session {
     this.lastStep = null; // [request_id, step_index, StepResult]
   }
 
-  async reset(req) {
+  /** An episode is in progress (reset, neither ended nor aborted) or a call to this session is running. */
+  get inProgress() {
+    return this.busy > 0 || (this.episodeId !== null && !this.done);
+  }
+
+  /**
+   * Reset; a retry of the latest Reset is replayed. `refuseNew` (optional) runs before a *new* Reset starts
+   * and throws to refuse it (the drain), so a retry is still answered while new episodes are refused.
+   */
+  async reset(req, refuseNew = null) {
     if (!req.request_id) throw new ProtocolError(status.INVALID_ARGUMENT, 'request_id is required');
     if (this.lastReset && this.lastReset[0] === req.request_id) {
       if (this.stepsTaken === 0 && this.lastReset[1].episode_id === this.episodeId) return this.lastReset[1];
@@ -79,6 +88,7 @@ class Session {
         `request_id '${req.request_id}' is a stale Reset: episode ${this.episodeId} has moved on`,
       );
     }
+    if (refuseNew) refuseNew();
     let seed;
     if (req.seed !== undefined && req.seed !== null) {
       seed = toBigInt(req.seed);
@@ -258,13 +268,15 @@ class SessionTable {
     return spec;
   }
 
-  create(req) {
+  /** CreateSession; a retried request_id is replayed. `refuseNew` (optional) runs before a new session. */
+  create(req, refuseNew = null) {
     if (!req.request_id) throw new ProtocolError(status.INVALID_ARGUMENT, 'request_id is required');
     const replay = this.created.get(req.request_id);
     if (replay !== undefined) {
       const session = this.get(replay);
       return { session_id: replay, spec: this.spec(session.entry, session.config) };
     }
+    if (refuseNew) refuseNew();
     const entry = this.entry(req.env_id);
     const config = SessionTable.makeConfig(entry, req.config);
     if (this.sessions.size >= this.maxSessions) {
@@ -321,6 +333,13 @@ class SessionTable {
       session.lastUsed = now();
       session.busy -= 1;
     });
+  }
+
+  /** How many sessions have an episode in progress (or a call running): the drain waits for them. */
+  inProgress() {
+    let count = 0;
+    for (const session of this.sessions.values()) if (session.inProgress) count += 1;
+    return count;
   }
 
   /** Close sessions unused for longer than the TTL; returns how many were closed. */

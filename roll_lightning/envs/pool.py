@@ -11,6 +11,11 @@ What it owns:
 - health: each endpoint is checked every `health_interval_s` (grpc.health.v1, short deadline); after
   `eject_after` failures in a row it is ejected: no new sessions, and calls waiting on it fail at once with
   `EpisodeFailed` instead of running out their deadline; it is readmitted when it answers SERVING again;
+- drains: an endpoint that reports draining (health NOT_SERVING, `ServerInfo.draining`, or a refusal whose
+  message starts "draining") gets no new sessions or episodes, and such a refusal is not retried there; it is
+  not ejected, because its episodes in progress keep stepping until they end (env.proto, "Draining"); once it
+  stops answering, the health checks eject it;
+- transports: a server's advertised capabilities decide; one without "batch"/"stream" gets unary calls;
 - outages: when no endpoint is healthy, `open` waits for one to come back (up to `outage_timeout_s` from the
   moment the last one went down) instead of failing at once, then raises `EnvOutage` naming the endpoints;
 - batching: concurrent steps (and resets) bound for one endpoint travel in one BatchStep call (adaptive: what

@@ -1,46 +1,75 @@
 """`GPUHandoff`: generation and training take turns on the same accelerator (colocated runs).
 
-Before the rollout the optimiser state moves to CPU (the engine's KV cache gets the memory); when the rollout
-batch is in, generation is suspended and the engine sleeps (vLLM sleep level 1 frees its KV cache and offloads
-weights) and the optimiser state comes back. `WeightSync` wakes the engine after the update. Where sleeping is
-unsupported (CPUs) the engine logs it and keeps its memory; moving optimiser state is skipped on CPU, where it
-would only copy memory to itself.
+What happens when is decided once per run by `plan_handoff`, a pure function of the accelerator and
+``data.colocate``:
+
+| accelerator | colocate | before the rollout      | after the rollout                          | after the update |
+|-------------|----------|-------------------------|--------------------------------------------|------------------|
+| cuda        | true     | optimiser state -> CPU  | suspend, engine sleeps, state -> GPU, sync | engine wakes     |
+| cuda        | false    | nothing                 | nothing (generation goes on, staleness)     | nothing          |
+| cpu         | true     | nothing                 | suspend, engine sleep (a no-op on CPU)     | engine wake      |
+| cpu         | false    | nothing                 | nothing                                    | nothing          |
+
+The optimiser state goes to the CPU only when the engine needs the memory (colocated on a GPU), and comes
+back before every optimiser step. (Before this table existed, disaggregated CUDA runs moved it to the CPU
+before each step and never back, so AdamW stepped GPU parameters with CPU state.) `WeightSync` wakes the
+engine before loading new weights when the plan put it to sleep. Device operations go through `DeviceOps`, so
+tests run the CUDA rows on a CPU with a recording stand-in.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
 
+from roll_lightning.callbacks.device_ops import DeviceOps, TorchDeviceOps
+
 log = logging.getLogger(__name__)
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.to(device, non_blocking=True)
+@dataclass(frozen=True)
+class HandoffPlan:
+    """What the handoff does in a run (see the module's table)."""
+
+    offload_optimizer: bool  # optimiser state to the CPU while generating, back before the update
+    sleep_engine: bool  # the engine is suspended and sleeps while the policy trains; woken for the weight sync
+
+    @property
+    def synchronize(self) -> bool:
+        return self.offload_optimizer  # wait for the state to be back before the optimiser reads it
+
+
+def plan_handoff(accelerator: str, colocate: bool) -> HandoffPlan:
+    """The handoff for a run that trains on ``accelerator`` with generation colocated or not."""
+    return HandoffPlan(offload_optimizer=colocate and accelerator == "cuda", sleep_engine=colocate)
 
 
 class GPUHandoff(L.Callback):
     """Added by the module itself; acts when the rollout is colocated (``data.colocate: true``, the default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: DeviceOps | None = None) -> None:
+        self.ops: DeviceOps = ops or TorchDeviceOps()
         self._warned = False
 
+    def plan(self, trainer: L.Trainer, pl_module: L.LightningModule) -> HandoffPlan:
+        colocate = bool(getattr(trainer.datamodule, "colocate", True))
+        return plan_handoff(torch.device(self.ops.device(pl_module)).type, colocate)
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if pl_module.device.type == "cuda":
+        if self.plan(trainer, pl_module).offload_optimizer:  # the engine gets the memory while it generates
             for optimizer in trainer.optimizers:
-                _move_optimizer_state(optimizer, "cpu")
+                self.ops.move_optimizer_state(optimizer, "cpu")
 
     def on_rollout_end(self, trainer: L.Trainer, pl_module: Any, batch: Any) -> None:
         datamodule = trainer.datamodule
         engine = getattr(datamodule, "engine", None)
-        if engine is None or not getattr(datamodule, "colocate", True):
+        plan = self.plan(trainer, pl_module)
+        if engine is None or not plan.sleep_engine:
             return  # disaggregated: generation goes on during training, within the staleness bound
         started = time.perf_counter()
 
@@ -49,10 +78,11 @@ class GPUHandoff(L.Callback):
             await engine.sleep()
 
         datamodule.call(handoff())
-        if pl_module.device.type == "cuda":
+        if plan.offload_optimizer:
             for optimizer in trainer.optimizers:
-                _move_optimizer_state(optimizer, pl_module.device)
-            torch.cuda.synchronize()
+                self.ops.move_optimizer_state(optimizer, self.ops.device(pl_module))
+        if plan.synchronize:
+            self.ops.synchronize()
         elif not self._warned:
             log.info("GPU handoff: training on %s, nothing to hand over", pl_module.device)
             self._warned = True

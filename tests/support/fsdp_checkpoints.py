@@ -14,9 +14,8 @@ import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checkpoints import StepCheckpoint, resolve_ckpt_path, use_checksummed_io
+from roll_lightning.checks.handmade import FixedBatches, handmade_batch
 from roll_lightning.module import AgentRLModule
-from support.fixed_batches import FixedBatches
-from support.handmade_batch import handmade_batch
 
 
 def trainer(root: Path, distributed: bool) -> L.Trainer:

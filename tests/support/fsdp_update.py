@@ -15,11 +15,10 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from roll_lightning.checks.handmade import Repeat, handmade_batch
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
-from support.fixed_batches import Repeat
-from support.handmade_batch import handmade_batch
 from support.trainers import quiet_trainer
 
 

@@ -18,8 +18,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from support.fixed_batches import FixedBatches
-from support.handmade_batch import handmade_batch
 
 from roll_lightning.checkpoints import (
     CheckpointError,
@@ -29,6 +27,7 @@ from roll_lightning.checkpoints import (
     resolve_ckpt_path,
     verify,
 )
+from roll_lightning.checks.handmade import FixedBatches, handmade_batch
 from roll_lightning.module import AgentRLModule
 
 TESTS = Path(__file__).parent.parent

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from support.handmade_batch import handmade_batch
 from test_module import fit
 
+from roll_lightning.checks.handmade import handmade_batch
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError

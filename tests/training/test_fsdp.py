@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from support.handmade_batch import handmade_batch
 from test_module import fit
 
+from roll_lightning.checks.handmade import handmade_batch
 from roll_lightning.module import AgentRLModule
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 

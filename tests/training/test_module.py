@@ -9,10 +9,9 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from support.fixed_batches import FixedBatches
-from support.handmade_batch import GOOD, handmade_batch, reply_logprob
 from support.trainers import quiet_trainer
 
+from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError

@@ -16,10 +16,9 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from support.fixed_batches import FixedBatches
-from support.handmade_batch import handmade_batch
 from support.trainers import quiet_trainer
 
+from roll_lightning.checks.handmade import FixedBatches, handmade_batch
 from roll_lightning.module import AgentRLModule
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 

@@ -1,4 +1,5 @@
-"""A rollout batch built by hand from the tiny model, for training tests that need known advantages.
+"""A rollout batch built by hand from a chat model, for training checks that need known advantages (the tests,
+and `roll_lightning.checks.gpu` on a GPU); `FixedBatches` feeds it every step.
 
 Groups of four one-turn episodes answer the same prompt: two reply ``<answer>Left</answer>`` (score 1), two
 ``<answer>Right</answer>`` (score 0). Every group has the same token counts, so any split by group gives
@@ -8,9 +9,11 @@ equal shares (what the 1-rank vs 2-rank comparison relies on). Behaviour log-pro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 
 from roll_lightning.rollout.batch import RolloutBatch, collate
@@ -51,3 +54,23 @@ def reply_logprob(model: torch.nn.Module, batch: RolloutBatch, row: int) -> floa
         logits = model(input_ids=ids, attention_mask=batch.attention_mask[row : row + 1]).logits
     logp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
     return float(logp[batch.response_mask[row, 1:]].sum())
+
+
+class Repeat(torch.utils.data.IterableDataset):
+    def __init__(self, batch: RolloutBatch) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        while True:
+            yield self.batch
+
+
+class FixedBatches(L.LightningDataModule):
+    """Feeds the same rollout batch every step: for training checks where the rollout is not under test."""
+
+    def __init__(self, batch: RolloutBatch) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(Repeat(self.batch), batch_size=None)

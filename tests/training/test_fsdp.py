@@ -36,7 +36,7 @@ def test_two_fsdp2_ranks_match_one_process(
         "OMP_NUM_THREADS": "1",
     }
     done = subprocess.run(
-        [sys.executable, str(TESTS / "support" / "fsdp_update.py"), str(model_dir), str(out), json.dumps(algorithm)],
+        [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out), json.dumps(algorithm)],
         env=env,
         capture_output=True,
         text=True,
@@ -73,8 +73,8 @@ def test_ranks_with_different_row_counts_take_the_same_steps(
     }
     done = subprocess.run(
         [
-            sys.executable, str(TESTS / "support" / "fsdp_update.py"), str(model_dir), str(out),
-            json.dumps({**algorithm, "batch_adjust": batch_adjust}), "1",
+            sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out),
+            json.dumps({**algorithm, "batch_adjust": batch_adjust}), "--rank1-rows", "1",
         ],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,  # a hang guard: a deadlock fails here
     )  # fmt: skip

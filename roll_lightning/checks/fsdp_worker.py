@@ -1,0 +1,90 @@
+"""One rollout step under FSDP2 on N ranks, each rank fed its own group of the handmade batch; rank 0 saves the
+full updated weights, and each rank its optimiser-step count to ``OUT.rank<r>``.
+
+    python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--backend gloo|nccl]
+        [--accelerator cpu|gpu] [--rank1-rows K]
+
+Run as its own process (Lightning starts the other ranks by running this command again): by the GPU check
+(NCCL over every visible GPU) and by tests/training/test_fsdp.py (gloo, 2 CPU ranks), each comparing the result
+with one process trained on all the groups. ``--rank1-rows K`` gives rank 1 only its first K rows (ranks with
+different row counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from roll_lightning.checks.handmade import Repeat, handmade_batch
+from roll_lightning.module import AgentRLModule
+from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.training import AlgorithmConfig, OptimConfig
+
+
+class RankShard(L.LightningDataModule):
+    """Rank r gets the rows of group r (each rank holds whole groups, as the rollout guarantees)."""
+
+    def __init__(self, batch: RolloutBatch, rank1_rows: int | None = None) -> None:
+        super().__init__()
+        self.batch = batch
+        self.rank1_rows = rank1_rows
+
+    def train_dataloader(self) -> Any:
+        rank = self.trainer.global_rank
+        group = sorted(set(self.batch.traj_group_id))[rank]
+        rows = [i for i, g in enumerate(self.batch.traj_group_id) if g == group]
+        if rank == 1 and self.rank1_rows is not None:
+            rows = rows[: self.rank1_rows]
+        return torch.utils.data.DataLoader(Repeat(self.batch.select(rows)), batch_size=None)
+
+
+def main() -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoTokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("algorithm_json")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--accelerator", default="cpu")
+    ap.add_argument("--rank1-rows", type=int, default=None)
+    args = ap.parse_args()
+    model_dir = args.model_dir
+    batch = handmade_batch(Path(model_dir), AutoTokenizer.from_pretrained(model_dir), groups=args.ranks)
+    module = AgentRLModule(
+        model_dir,
+        algorithm=AlgorithmConfig(**json.loads(args.algorithm_json)),
+        optim=OptimConfig(lr=1e-3),
+        rollout_steps=1,
+    )
+    strategy = ModelParallelStrategy(
+        data_parallel_size=args.ranks, tensor_parallel_size=1, process_group_backend=args.backend
+    )
+    trainer = L.Trainer(
+        default_root_dir=Path(args.out).parent,
+        accelerator=args.accelerator,
+        devices=args.ranks,
+        strategy=strategy,
+        max_steps=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=RankShard(batch, args.rank1_rows))
+    Path(f"{args.out}.rank{trainer.global_rank}").write_text(str(trainer.global_step))
+    state = get_model_state_dict(module.actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.global_rank == 0:
+        torch.save(state, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -57,6 +57,19 @@ class RolloutConfig:
         episode_timeout_s: deadline of one whole episode.
         mode: ``async`` (every episode runs on its own) or ``lockstep`` (all episodes of a batch take each turn
             together; the generation waits for the slowest env: for debugging and as a baseline).
+        on_suspend: what happens to the replies being generated when generation is suspended (before each
+            weight load, and before the engine sleeps for training when colocated). ``wait`` (default): the
+            suspend waits for them to finish with the old weights. ``abort``: they are cancelled at once (ROLL's
+            abort at sync) and each of those turns is asked again, from the same prompt, when generation resumes,
+            so it is written by the new weights and records that policy version; nothing of an aborted reply is
+            kept and the env is stepped only once per turn, with a whole reply. Saves the sync the wait for long
+            replies at the cost of the generation work thrown away (vLLM stops an aborted request at its next
+            step; the transformers engine finishes the batch it is computing before weights load). Matters when
+            replies are in flight at a sync (``max_staleness`` > 0, ``data.colocate: false``, groups started to
+            replace filtered ones); pays when a few long replies would stall every sync. Works in both modes;
+            ``max_staleness`` is applied as before, so a group whose reply is longer than the time between syncs
+            can age out and be dropped (``rollout/dropped_groups_stale_total``). Counted per batch in
+            ``rollout/turns_redone`` and in ``rollout/turns_aborted_total``.
         seed: the run's seed; group g's seed is derived from (seed, g), so runs and resumes are reproducible.
         group_filter: dynamic sampling: which complete groups a batch keeps (``kind: zero_variance`` drops groups
             whose members all scored the same and plays replacements; ``top_p_variance`` over-samples and keeps
@@ -78,6 +91,7 @@ class RolloutConfig:
     turn_timeout_s: float = 600.0
     episode_timeout_s: float = 3600.0
     mode: Literal["async", "lockstep"] = "async"
+    on_suspend: Literal["wait", "abort"] = "wait"
     seed: int = 0
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig)
@@ -100,6 +114,8 @@ class RolloutConfig:
             )
         if self.mode not in ("async", "lockstep"):
             raise RolloutConfigError(f"data.rollout.mode must be 'async' or 'lockstep', got {self.mode!r}")
+        if self.on_suspend not in ("wait", "abort"):
+            raise RolloutConfigError(f"data.rollout.on_suspend must be 'wait' or 'abort', got {self.on_suspend!r}")
         check_episode(self.episode, "data.rollout.episode")
         self.group_filter.check(self.group_size)
         _ = self.lanes  # resolve (and check) the env list now, not at the first batch

@@ -41,6 +41,7 @@ class Turn:
     metrics: dict[str, float] = field(default_factory=dict)
     generate_s: float = 0.0
     env_s: float = 0.0
+    redone: int = 0  # times a suspend aborted this turn's reply before it was asked again (on_suspend: abort)
 
 
 @dataclass
@@ -204,6 +205,7 @@ class EpisodeBuilder:
                 observation=self.observation,
                 reply=reply,
                 generate_s=generate_s,
+                redone=int(generation.extra.get("redone", 0)),
             )
         )
         return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
@@ -231,7 +233,8 @@ async def run_episode(
     turn_timeout_s: float | None = None,
 ) -> Episode:
     """Play one episode to its end. Env faults raise `EpisodeFailed`; a turn past its deadline raises
-    `TimeoutError` (the scheduler retries or drops the group; nothing partial is returned)."""
+    `TimeoutError` (the scheduler retries or drops the group; nothing partial is returned). The env is stepped
+    once per turn, with the whole reply ``engine.generate`` returned (a reply aborted by a suspend never is)."""
     started = time.perf_counter()
     episode = builder.episode
     reset = await session.reset(seed=episode.seed)

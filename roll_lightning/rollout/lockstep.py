@@ -5,7 +5,9 @@ generate for all live episodes together and step all envs together, so generatio
 and envs wait for the longest reply. It exists for debugging (a turn is a clean barrier) and as the
 benchmark baseline. A group with a failed member is dropped and replaced in the next round (no replays); while
 every env endpoint is down such drops do not count towards the failed-groups limit, and the next round's
-sessions wait for an endpoint (`EnvPool.open`), whose `EnvOutage` ends the run.
+sessions wait for an endpoint (`EnvPool.open`), whose `EnvOutage` ends the run. Replies go through the
+scheduler's suspend/resume gate, so ``on_suspend`` applies as in async mode: with ``abort`` a reply cancelled by a
+suspend is asked again after the resume and the round's env steps wait for it (every env steps once per turn).
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ and `get_batch` raises rather than hangs when groups keep failing.
 Every episode task holds one running slot from its creation until it is done, however it ends (finished,
 failed, or cancelled before it ever ran): the slot is given back by the task's done-callback, which also wakes
 the producer, so `get_batch` never waits with nothing left that could wake it.
+
+Suspend (before a weight load or an engine sleep) closes the generation gate. With ``on_suspend: wait`` it then
+waits for the replies in flight; with ``abort`` it cancels them (each engine call runs as its own task, so only
+the request is cancelled, never the episode) and `generate` asks each of those turns again once the gate
+reopens, with the new weights. An aborted reply is never returned, so no partial tokens reach an episode and the
+env is stepped once per turn, with a whole reply. Both modes work the same in async and lock-step collection
+(both generate through the gate).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import logging
 import random
 import time
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import grpc
@@ -91,6 +99,7 @@ class RolloutScheduler:
             "redundant_cancelled": 0,
             "groups_failed_in_a_row": 0,
             "outage_waits": 0,  # failures while every endpoint was down: replayed without using a retry
+            "turns_aborted": 0,  # replies cancelled by a suspend (on_suspend: abort); their turns are asked again
         }
         self._episodes: set[asyncio.Task[None]] = set()  # each holds a running slot until done
         self._next_lane = 0  # where the producer's next round-robin round starts
@@ -99,6 +108,8 @@ class RolloutScheduler:
         self._generation_open = asyncio.Event()
         self._generation_open.set()
         self._in_flight = 0
+        self._requests: set[asyncio.Future[Generation]] = set()  # engine calls in flight (on_suspend: abort)
+        self._aborted: set[asyncio.Future[Generation]] = set()  # of those, the ones a suspend cancelled
         self._drained = asyncio.Event()
         self._drained.set()
         self._producer: asyncio.Task[None] | None = None
@@ -137,6 +148,8 @@ class RolloutScheduler:
             episodes, self, wall_s=time.perf_counter() - started, engine_before=before, engine_after=self.engine.stats()
         )
         batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
+        batch.metrics["rollout/turns_redone"] = float(sum(t.redone > 0 for ep in episodes for t in ep.turns))
+        batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
         self.batches += 1
         return batch
 
@@ -152,12 +165,20 @@ class RolloutScheduler:
         return [state.lane.groups * n_groups // per_batch for state in self.lanes]
 
     async def suspend(self) -> None:
-        """Hold new replies and wait for the ones in flight (before weights change or the engine sleeps)."""
+        """Hold new replies (before weights change or the engine sleeps). The ones in flight: ``on_suspend:
+        wait`` waits for them to finish; ``abort`` cancels them and returns without waiting for the engine, and
+        their turns are asked again after `resume`. Either way no reply is in flight when this returns."""
         self._generation_open.clear()
+        if self.config.on_suspend == "abort":
+            for request in list(self._requests):
+                if request.cancel():
+                    self._aborted.add(request)
+                    self.counters["turns_aborted"] += 1
         await self._drained.wait()
 
     async def resume(self) -> None:
-        """Let generation go on; groups now too stale for the engine's policy version are dropped."""
+        """Let generation go on (turns aborted by `suspend` are asked again now, with the engine's current
+        weights); groups now too stale for the engine's policy version are dropped first."""
         for lane in self.lanes:
             for group in lane.queue.expire(self.engine.policy_version):
                 self._abandon(group)
@@ -226,17 +247,43 @@ class RolloutScheduler:
 
     # -- generation gate -----------------------------------------------------------------------------
 
+    @property
+    def generating(self) -> int:
+        """Replies in flight now (requested from the engine, not yet answered)."""
+        return self._in_flight
+
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        """The engine behind the suspend/resume gate (what episodes call)."""
-        await self._generation_open.wait()
-        self._in_flight += 1
-        self._drained.clear()
-        try:
-            return await self.engine.generate(prompt_ids, params, key=key)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._drained.set()
+        """The engine behind the suspend/resume gate (what episodes call). Returns only a whole reply: with
+        ``on_suspend: abort`` a reply a suspend cancelled is dropped and asked again, from the same prompt,
+        when the gate reopens (``extra["redone"]`` of the reply says how many times; 0 is left out)."""
+        redone = 0
+        while True:
+            await self._generation_open.wait()
+            self._in_flight += 1
+            self._drained.clear()
+            try:
+                if self.config.on_suspend == "wait":
+                    return await self.engine.generate(prompt_ids, params, key=key)
+                request = asyncio.ensure_future(self.engine.generate(prompt_ids, params, key=key))
+                request.add_done_callback(_retrieve)
+                self._requests.add(request)
+                try:
+                    await asyncio.wait([request])  # not `await request`: a suspend cancels the request only
+                finally:
+                    self._requests.discard(request)
+                    aborted = request in self._aborted
+                    self._aborted.discard(request)
+                    request.cancel()  # this call itself was cancelled (group dropped, turn deadline); else a no-op
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._drained.set()
+            if not (aborted and request.cancelled()):
+                generation = request.result()  # the engine's own error (or a cancellation not ours) raises here
+                if redone:
+                    generation = replace(generation, extra={**generation.extra, "redone": redone})
+                return generation
+            redone += 1  # cancelled by a suspend: ask again once the gate reopens
 
     # -- groups --------------------------------------------------------------------------------------
 
@@ -441,6 +488,12 @@ class RolloutScheduler:
         task = asyncio.create_task(session.close())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _retrieve(request: asyncio.Future[Generation]) -> None:
+    """Mark an aborted or abandoned engine call's outcome as seen (no "exception was never retrieved")."""
+    if not request.cancelled():
+        request.exception()
 
 
 async def _first_error(coros: list[Coroutine[Any, Any, None]]) -> None:

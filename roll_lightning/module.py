@@ -56,6 +56,7 @@ class AgentRLModule(L.LightningModule):
         dtype: str = "float32",
         rollout_steps: int | None = None,
         seed: int = 0,
+        sync_bucket_bytes: int = 256 * 2**20,
     ) -> None:
         """
         Args:
@@ -72,6 +73,8 @@ class AgentRLModule(L.LightningModule):
             rollout_steps: stop after this many rollout batches (None: the trainer's max_steps decides; note
                 that Lightning counts optimiser steps, ppo_epochs x mini_batches per rollout batch).
             seed: seeds the mini-batch shuffling.
+            sync_bucket_bytes: the most bytes of weights streamed into the rollout engine at once after each
+                update (a larger single tensor goes alone); under FSDP2, the memory a weight sync adds.
         """
         super().__init__()
         self.model_path = model
@@ -85,8 +88,11 @@ class AgentRLModule(L.LightningModule):
             )
         if dtype not in ("float32", "bfloat16"):
             raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {dtype!r}")
+        if sync_bucket_bytes < 1:
+            raise TrainingConfigError(f"model.sync_bucket_bytes must be >= 1, got {sync_bucket_bytes}")
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
+        self.sync_bucket_bytes = sync_bucket_bytes
         self.automatic_optimization = False
         self._adjust = adjuster(algorithm.batch_adjust)
         self.actor: torch.nn.Module | None = None
@@ -388,7 +394,7 @@ class AgentRLModule(L.LightningModule):
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
         from roll_lightning.callbacks import GPUHandoff, WeightSync
 
-        return [GPUHandoff(), WeightSync()]
+        return [GPUHandoff(), WeightSync(bucket_bytes=self.sync_bucket_bytes)]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps

@@ -1,28 +1,47 @@
 """`WeightSync`: after every policy update, the engine generates with the new weights.
 
-Each rank owns an engine (colocated generation), so every rank needs the full weights: under FSDP2 each
-parameter is gathered with ``full_tensor()`` (a collective all ranks join, one tensor at a time, so peak memory
-is one full tensor more than the shards); without sharding the state dict is used as it is. The engine's policy
-version becomes the number of rollout steps trained, which is what staleness is measured against.
+Each rank owns an engine (colocated generation), so every rank needs the full weights. They are streamed in
+buckets of at most ``bucket_bytes`` (a tensor larger than that travels alone), straight from the trainer's
+tensors on their device into the engine, which copies each bucket into its own weights before the next bucket is
+made: no second full copy of the model exists at any time, on the CPU or the accelerator. Under FSDP2 each
+parameter is gathered with ``full_tensor()`` (a collective all ranks join, one tensor at a time) into the current
+bucket, so peak memory is the shards plus one bucket; without sharding a bucket holds references to the
+trainer's own parameters and costs nothing. The trainer's thread makes the buckets (the collectives stay on the
+thread Lightning set the device on) and hands them over one at a time (`BucketFeed`) to the engine's load, which
+runs on the rollout loop. A tied output head is the embedding's tensor and travels once.
 
-The engine starts from the model folder, so after a checkpoint is restored (``fit --ckpt_path``, ``validate
---ckpt_path``) it is behind the module: the weights are loaded once more before training or evaluation starts.
+The engine's policy version becomes the number of rollout steps trained, which is what staleness is measured
+against. The engine starts from the model folder, so after a checkpoint is restored (``fit --ckpt_path``,
+``validate --ckpt_path``) it is behind the module: the weights are loaded once more before training or
+evaluation starts.
+
+Logged each step: ``sync/total_s`` (suspend the rollout, wake the engine, stream, resume), ``sync/gather_s``
+(making the buckets: the gathers under FSDP2), ``sync/load_s`` (waiting for the engine to load them),
+``sync/bytes`` (streamed, a tied weight once), ``sync/buckets`` and ``sync/policy_version``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import lightning as L
 import torch
 
+from roll_lightning.rollout.engines.base import BucketFeed
+
 log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's full (unsharded) weights on CPU, on every rank."""
+    """The model's full (unsharded) weights copied to CPU, on every rank: a whole second copy of the model (the
+    sync used it before it streamed buckets; kept for comparisons, see ``bench/weight_sync.py``)."""
     out = {}
     for name, value in model.state_dict().items():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
@@ -30,9 +49,94 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def state_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every entry of the model's state dict, in its order, as the model holds it (a
+    DTensor shard under FSDP2; no copy). A tensor shared by two names (tied embeddings) comes once, under its
+    first name."""
+    seen: set[int] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) not in seen:
+            seen.add(id(value))
+            yield name, value
+
+
+def gathered(value: torch.Tensor) -> torch.Tensor:
+    """The full tensor on its device: a DTensor gathered with ``full_tensor()`` (a collective), any other tensor
+    as it is."""
+    with torch.no_grad():
+        tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return tensor.detach()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of the full tensor (a DTensor reports its global shape)."""
+    return tensor.numel() * tensor.element_size()
+
+
+def bucketed(
+    entries: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    gather: Callable[[torch.Tensor], torch.Tensor] = gathered,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group ``(name, tensor)`` pairs, in order, into buckets of at most ``bucket_bytes``; a tensor larger than that
+    is a bucket of its own. A bucket's limit is decided from the full sizes before anything is gathered, and each
+    tensor is gathered (``gather``) only when it joins the current bucket, so a bucket's bytes are all that is
+    ever gathered at once."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, value in entries:
+        n = tensor_bytes(value)
+        if bucket and size + n > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, gather(value)))
+        size += n
+    if bucket:
+        yield bucket
+
+
+def weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The model's full weights in buckets of at most ``bucket_bytes``, gathered one tensor at a time."""
+    return bucketed(state_entries(model), bucket_bytes)
+
+
+def stream_weights(model: torch.nn.Module, feed: BucketFeed, bucket_bytes: int) -> dict[str, float]:
+    """Make the model's buckets on this thread and hand each to ``feed``, waiting until the engine has loaded it;
+    close the feed at the end. Every bucket is made even when the engine stopped taking them (its load failed):
+    under FSDP2 the gathers are collectives the other ranks wait on. Returns the counts and times."""
+    stats = {"gather_s": 0.0, "load_s": 0.0, "bytes": 0.0, "buckets": 0.0, "delivered": 0.0}
+    buckets = weight_buckets(model, bucket_bytes)
+    while True:
+        t0 = time.perf_counter()
+        bucket = next(buckets, None)
+        t1 = time.perf_counter()
+        stats["gather_s"] += t1 - t0
+        if bucket is None:
+            break
+        stats["buckets"] += 1
+        stats["bytes"] += sum(tensor_bytes(t) for _, t in bucket)
+        stats["delivered"] += feed.put(bucket)
+        del bucket  # before the next is made: one bucket alive at a time
+        stats["load_s"] += time.perf_counter() - t1
+    feed.close()
+    return stats
+
+
 class WeightSync(L.Callback):
     """Loads the actor's weights into the rollout engine after each training step (added by the module itself,
-    so a config cannot drop it)."""
+    so a config cannot drop it).
+
+    Args:
+        bucket_bytes: the most bytes of weights in one bucket (a larger single tensor travels alone): the memory
+            a sync may add under FSDP2, and the unit the engine loads at once.
+    """
+
+    def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"WeightSync: bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         timings = self._sync(trainer, pl_module)
@@ -62,23 +166,46 @@ class WeightSync(L.Callback):
         if engine is None or pl_module.actor is None:
             return None
         started = time.perf_counter()
-        weights = full_state_dict(pl_module.actor)
-        gathered = time.perf_counter()
         version = int(pl_module.rollout_steps)
         scheduler = datamodule.scheduler
 
-        async def sync() -> None:
-            await scheduler.suspend()  # no reply may come from half-loaded weights
-            await engine.wake()
-            await engine.load_weights(weights, version)
-            await scheduler.resume()  # groups now too stale for `version` are dropped here
+        slept = bool(getattr(datamodule, "colocate", True))  # `GPUHandoff`'s plan put it to sleep for the update
 
-        datamodule.call(sync())
+        async def prepare() -> None:
+            await scheduler.suspend()  # no reply may come from half-loaded weights
+            if slept:
+                await engine.wake()
+
+        datamodule.call(prepare())
+        feed = BucketFeed()
+
+        async def load() -> None:
+            try:
+                await engine.load_weights(feed, version)
+            finally:
+                feed.stop()
+
+        with ThreadPoolExecutor(1, thread_name_prefix="weight-sync") as pool:
+            loading = pool.submit(datamodule.call, load())  # the engine takes the buckets as they are made here
+            try:
+                stats = stream_weights(pl_module.actor, feed, self.bucket_bytes)
+            except BaseException as err:
+                feed.fail(err)
+                with contextlib.suppress(BaseException):
+                    loading.result()
+                raise
+            loading.result()  # the engine's error, if it failed
+        if stats["delivered"] != stats["buckets"]:
+            raise RuntimeError(
+                f"WeightSync: the engine took {stats['delivered']:.0f} of {stats['buckets']:.0f} weight buckets"
+            )
+        datamodule.call(scheduler.resume())  # groups now too stale for `version` are dropped here
         done = time.perf_counter()
         return {
             "sync/total_s": done - started,
-            "sync/gather_s": gathered - started,
-            "sync/load_s": done - gathered,
+            "sync/gather_s": stats["gather_s"],
+            "sync/load_s": stats["load_s"],
             "sync/policy_version": float(version),
-            "sync/bytes": float(sum(t.numel() * t.element_size() for t in weights.values())),
+            "sync/bytes": stats["bytes"],
+            "sync/buckets": stats["buckets"],
         }

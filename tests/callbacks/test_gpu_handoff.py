@@ -118,7 +118,8 @@ def test_a_colocated_cuda_run_hands_the_device_over_in_order(tmp_path: Path, ran
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_disaggregated_cuda_run_keeps_the_optimizer_state_on_the_gpu(tmp_path: Path, ranks: int) -> None:
     """The bug this fixes: the state went to the CPU before every step and never came back, so AdamW stepped GPU
-    parameters with CPU state. Now nothing moves and the engine never sleeps (generation goes on)."""
+    parameters with CPU state. Now nothing moves, and the engine neither sleeps nor is woken (generation goes on;
+    vLLM's wake_up expects a sleeping engine)."""
     extra = ["--data.colocate", "false", "--data.rollout.max_staleness", "1"]
     traces = traced_fit(tmp_path, *extra, *(TWO_RANKS if ranks == 2 else []))
     assert len(traces) == ranks
@@ -126,7 +127,8 @@ def test_a_disaggregated_cuda_run_keeps_the_optimizer_state_on_the_gpu(tmp_path:
         steps = steps_of(events)
         assert len(steps) == STEPS
         for step in steps:
-            assert not [e for e in step if e.startswith(("optimizer_state_to", "synchronize", "engine.sleep"))], events
+            moves = ("optimizer_state_to", "synchronize", "engine.sleep", "engine.wake")
+            assert not [e for e in step if e.startswith(moves)], events  # the engine never slept: nothing wakes
             assert step[0] == "optimizer.step:cuda" and "engine.load_weights" in step, events
             assert set(e for e in step if e.startswith("optimizer")) == {"optimizer.step:cuda"}, events
 

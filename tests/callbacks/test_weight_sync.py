@@ -93,3 +93,40 @@ def test_engine_generates_with_the_updated_and_the_restored_weights(
         # (the validation hook can run once more than there are batches: the dataloader_iter flavour)
         assert {(v, s) for v, s, _ in restored.checked} == {(3, 3)} and restored.checked[0][2] < 1e-5
     assert validated.replies[0] == resumed.replies[0]
+
+
+def test_weights_streamed_in_small_buckets_reach_the_engine(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`WeightSync` with buckets far smaller than the model (many buckets per sync): after every update the
+    engine's greedy reply and log-probs are the trainer's; the sync logs its buckets and bytes."""
+    import roll_lightning.callbacks
+    from roll_lightning.callbacks import WeightSync
+
+    class SmallBuckets(WeightSync):
+        def __init__(self, **_: Any) -> None:  # whatever size the module asks for
+            super().__init__(bucket_bytes=16_384)
+
+    monkeypatch.setattr(roll_lightning.callbacks, "WeightSync", SmallBuckets)  # what the module adds
+    model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "#P_O#"}], tokenize=False, add_generation_prompt=True
+    )
+    checker = EngineMatchesTrainer(tokenizer.encode(text, add_special_tokens=False))
+    episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
+    data = RolloutDataModule(
+        str(model),
+        rollout=RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode),
+        envs=EnvsConfig(endpoints="local"),
+    )
+    module = AgentRLModule(str(model), algorithm=AlgorithmConfig(), optim=OptimConfig(lr=3e-3), rollout_steps=3)
+    trainer = _trainer(tmp_path, checker)
+    trainer.fit(module, datamodule=data)
+    assert [(v, s) for v, s, _ in checker.checked] == [(0, 0), (1, 1), (2, 2)]
+    assert all(gap < 1e-5 for _, _, gap in checker.checked)  # the engine has the updated weights
+    metrics = trainer.callback_metrics
+    weights = sum(p.numel() * p.element_size() for p in module.actor.state_dict().values())
+    assert float(metrics["sync/bytes"]) == weights and float(metrics["sync/buckets"]) > 10

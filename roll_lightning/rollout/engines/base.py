@@ -11,15 +11,26 @@ they exclude (the distribution is renormalised over what is left). With top-k an
 setting, that is exactly the trainer's ``log softmax(logits / temperature)``. Engines run their compute off the
 asyncio loop; `generate` is a coroutine so hundreds of episodes can wait on it concurrently, and the engine
 batches what is waiting.
+
+Weights reach an engine through `load_weights` as a full ``{name: tensor}`` mapping, or streamed: an iterable of
+*buckets*, each a list of ``(name, tensor)`` pairs (`Weights`). A streamed load holds one bucket at a time, so
+no second full copy of the model exists; `BucketFeed` hands buckets from the thread that makes them (the
+trainer, gathering its parameters) to the engine's worker thread that copies them into the engine's own tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
+WeightBucket: TypeAlias = list[tuple[str, Any]]
+Weights: TypeAlias = Mapping[str, Any] | Iterable[WeightBucket]
+"""What `GenerationEngine.load_weights` takes: every weight as one mapping, or an iterable (typically a
+`BucketFeed`, which can be iterated once) of buckets of ``(name, tensor)`` pairs; a bare ``(name, tensor)`` pair
+in place of a bucket is read as a bucket of one."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +97,13 @@ class GenerationEngine(Protocol):
         """Sample one reply. ``key`` names the conversation (a router keeps one key on one replica)."""
         ...
 
-    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        """Replace the weights (between generations, never under one) and set ``policy_version``."""
+    async def load_weights(self, weights: Weights, version: int) -> None:
+        """Replace the weights (between generations, never under one) and set ``policy_version``.
+
+        ``weights``: a full mapping, or buckets (`Weights`), consumed once, in order, one bucket at a time; each
+        tensor is copied into the engine's own storage (the engine never keeps the caller's tensors, which may be
+        the trainer's live parameters). An engine that cannot take part in a lock-step load beside another
+        replica in the same process (see `EngineRouter`) sets ``concurrent_loads = False``."""
         ...
 
     async def sleep(self) -> None:
@@ -103,3 +119,125 @@ class GenerationEngine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def iter_buckets(weights: Weights) -> Iterator[Sequence[tuple[str, Any]]]:
+    """The buckets of ``weights``: a mapping is one bucket (its items); a mapping inside the stream is read as its
+    items, and a bare ``(name, tensor)`` pair as a bucket of one."""
+    if isinstance(weights, Mapping):
+        yield list(weights.items())
+        return
+    for bucket in weights:
+        if isinstance(bucket, Mapping):
+            yield list(bucket.items())
+        elif isinstance(bucket, tuple) and len(bucket) == 2 and isinstance(bucket[0], str):
+            yield [bucket]
+        else:
+            yield bucket
+
+
+def iter_weight_pairs(weights: Weights) -> Iterator[tuple[str, Any]]:
+    """Every ``(name, tensor)`` pair of ``weights``, bucket after bucket (what vLLM's loaders iterate)."""
+    for bucket in iter_buckets(weights):
+        yield from bucket
+
+
+class BucketFeed:
+    """A one-slot channel of weight buckets from a producer thread to the one consumer that iterates it (an engine
+    loading its weights on its worker thread).
+
+    `put` returns once the consumer is *done* with the bucket (it asked for the next one, or stopped), and the
+    feed then empties the bucket's list, so no reference to its tensors is left with the feed or the consumer:
+    the producer makes the next bucket only after the last one was loaded, and at most one bucket is alive. The
+    producer ends the stream with `close` (the consumer's iteration stops) or `fail` (the consumer's next
+    ``next()`` raises). The consumer's side calls `stop` when it has finished, in success or error, so a producer
+    never waits on a consumer that is gone: `put` then returns False at once.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._slot: WeightBucket | None = None  # offered, not yet taken
+        self._held: WeightBucket | None = None  # taken by the consumer, not yet done
+        self._closed = False
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._iterated = False
+        self.offered = 0
+        self.done = 0
+
+    # -- producer ------------------------------------------------------------------------------------
+
+    def put(self, bucket: Sequence[tuple[str, Any]], timeout: float | None = None) -> bool:
+        """Hand ``bucket`` over and wait until the consumer is done with it; False if the consumer stopped first."""
+        return self.offer(bucket) and self.wait_done(timeout)
+
+    def offer(self, bucket: Sequence[tuple[str, Any]]) -> bool:
+        """Hand ``bucket`` over without waiting (the previous one must be done); False if the consumer stopped."""
+        with self._cond:
+            if self._closed or self._error is not None:
+                raise RuntimeError("BucketFeed: offer after close() or fail()")
+            if self._slot is not None or self._held is not None:
+                raise RuntimeError("BucketFeed: offer before the consumer was done with the previous bucket")
+            if self._stopped:
+                return False
+            self._slot = list(bucket)
+            self.offered += 1
+            self._cond.notify_all()
+            return True
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Wait until the consumer is done with the last offered bucket; False if it stopped before that."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._stopped or self.done >= self.offered, timeout):
+                raise TimeoutError(f"BucketFeed: the consumer did not finish a bucket within {timeout} s")
+            return self.done >= self.offered
+
+    def close(self) -> None:
+        """No more buckets: the consumer's iteration ends after the last one."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """The producer failed: the consumer's next ``next()`` raises (its load is abandoned)."""
+        with self._cond:
+            self._error = error
+            self._slot = None
+            self._cond.notify_all()
+
+    # -- consumer ------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[WeightBucket]:
+        with self._cond:
+            if self._iterated:
+                raise RuntimeError("BucketFeed: a feed can be iterated once")
+            self._iterated = True
+        return self
+
+    def __next__(self) -> WeightBucket:
+        with self._cond:
+            self._release_held()
+            self._cond.wait_for(lambda: self._slot is not None or self._closed or self._error is not None)
+            if self._error is not None:
+                raise RuntimeError(f"the weights stream failed: {self._error!r}") from self._error
+            if self._slot is None:
+                raise StopIteration
+            self._held, self._slot = self._slot, None
+            return self._held
+
+    def stop(self) -> None:
+        """The consumer is gone (its load returned or raised): the producer stops waiting on it."""
+        with self._cond:
+            self._stopped = True
+            self._slot = None
+            if self._held is not None:
+                self._held.clear()
+                self._held = None
+            self._cond.notify_all()
+
+    def _release_held(self) -> None:
+        if self._held is not None:
+            self._held.clear()  # the tensors are loaded: drop every reference the feed handed out
+            self._held = None
+            self.done += 1
+            self._cond.notify_all()

@@ -3,16 +3,33 @@
 Routing is sticky per conversation key: every turn of an episode goes to the replica that served its first
 turn, so that replica's prefix cache already holds the conversation. A new key goes to the replica with the
 fewest live conversations. Weight loads, sleep and wake go to every replica at once.
+
+A streamed weight load (buckets, `engines.base.Weights`) can be read only once, so the router reads it and hands
+each bucket to every replica, all loading at once, and takes the next bucket only when every replica is done with
+this one: one bucket is alive at a time, whatever the number of replicas. Replicas that cannot load beside a
+sibling (``concurrent_loads = False``: in-process vLLM engines share one process-wide lock) are loaded one after
+the other instead, from a list of the buckets the router keeps until the last replica has loaded: references to
+the caller's tensors, which costs nothing when they are the trainer's own parameters, and one full copy when the
+buckets are gathered (FSDP2) or converted. Real data-parallel vLLM runs one engine per rank (one process each).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.engines.base import (
+    BucketFeed,
+    Generation,
+    GenerationEngine,
+    SamplingParams,
+    Weights,
+    iter_buckets,
+)
+
+log = logging.getLogger(__name__)
 
 
 class EngineRouter:
@@ -45,8 +62,56 @@ class EngineRouter:
         self.routed[index] += 1
         return await self.replicas[index].generate(prompt_ids, params, key=key)
 
-    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        await asyncio.gather(*(r.load_weights(state_dict, version) for r in self.replicas))
+    async def load_weights(self, weights: Weights, version: int) -> None:
+        if isinstance(weights, Mapping):  # a mapping can be read by every replica
+            await asyncio.gather(*(r.load_weights(weights, version) for r in self.replicas))
+        elif len(self.replicas) == 1:
+            await self.replicas[0].load_weights(weights, version)
+        elif all(getattr(r, "concurrent_loads", True) for r in self.replicas):
+            await self._load_in_lock_step(weights, version)
+        else:
+            log.info("EngineRouter: replicas that cannot load side by side: loading them one after the other")
+            # (copied as they come: a feed empties each bucket's list once the next one is asked for)
+            buckets = await asyncio.to_thread(lambda: [list(bucket) for bucket in iter_buckets(weights)])
+            try:
+                for replica in self.replicas:
+                    await replica.load_weights(iter(buckets), version)
+            finally:
+                buckets.clear()
+
+    async def _load_in_lock_step(self, weights: Weights, version: int) -> None:
+        feeds = [BucketFeed() for _ in self.replicas]
+
+        async def load(replica: GenerationEngine, feed: BucketFeed) -> None:
+            try:
+                await replica.load_weights(feed, version)
+            finally:
+                feed.stop()
+
+        def fan_out() -> None:  # on a thread: reading the source may wait on its producer
+            try:
+                for bucket in iter_buckets(weights):
+                    for feed in feeds:
+                        feed.offer(bucket)  # each feed keeps its own list: a replica done early empties only its own
+                    for feed in feeds:
+                        feed.wait_done()
+                    del bucket
+            except BaseException as err:
+                for feed in feeds:
+                    feed.fail(err)
+                raise
+            for feed in feeds:
+                feed.close()
+
+        results = await asyncio.gather(
+            asyncio.to_thread(fan_out),
+            *(load(r, f) for r, f in zip(self.replicas, feeds, strict=True)),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            # the source's own failure first; a replica that failed keeps its old policy version
+            raise errors[0]
 
     async def sleep(self) -> None:
         await asyncio.gather(*(r.sleep() for r in self.replicas))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from roll_lightning.rollout.engines.base import Generation, SamplingParams
+from roll_lightning.rollout.engines.base import Generation, SamplingParams, Weights, iter_buckets
 
 PLACEHOLDER_LOGPROB = -1.0
 
@@ -32,6 +32,7 @@ class SimulatedEngine:
         self._busy_since = 0.0
         self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
         self._started = time.perf_counter()
+        self.buckets_loaded = 0  # in the last streamed load
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
         ids = self._rng.choice(self._replies)[: params.max_new_tokens]
@@ -57,7 +58,10 @@ class SimulatedEngine:
         out["uptime_s"] = time.perf_counter() - self._started
         return out
 
-    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+    async def load_weights(self, weights: Weights, version: int) -> None:
+        """Takes every bucket (on a thread: a stream's producer may be slow), keeps nothing, sets the version."""
+        if not isinstance(weights, Mapping):
+            self.buckets_loaded = await asyncio.to_thread(_count_buckets, weights)
         self.policy_version = version
 
     async def sleep(self) -> None:
@@ -71,3 +75,7 @@ class SimulatedEngine:
 
     async def close(self) -> None:
         return None
+
+
+def _count_buckets(weights: Weights) -> int:
+    return sum(1 for _ in iter_buckets(weights))

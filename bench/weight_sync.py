@@ -138,24 +138,9 @@ def sync_full(trainer: Any, engine: Any, loop: Loop, version: int, kind: str) ->
 
 def sync_bucketed(trainer: Any, engine: Any, loop: Loop, version: int, bucket_bytes: int) -> dict[str, float]:
     """`WeightSync._sync` without the rollout: buckets made here, loaded by the engine on the loop's thread."""
-    from concurrent.futures import ThreadPoolExecutor
+    from roll_lightning.callbacks.weight_sync import stream_into_engine
 
-    from roll_lightning.callbacks.weight_sync import stream_weights
-    from roll_lightning.rollout.engines.base import BucketFeed
-
-    feed = BucketFeed()
-
-    async def load() -> None:
-        try:
-            await engine.load_weights(feed, version)
-        finally:
-            feed.stop()
-
-    with ThreadPoolExecutor(1) as pool:
-        loading = pool.submit(loop.call, load())
-        stats = stream_weights(trainer, feed, bucket_bytes)
-        loading.result()
-    assert stats["delivered"] == stats["buckets"], stats
+    stats = stream_into_engine(trainer, engine, version, bucket_bytes, loop.call)
     return {"bytes": stats["bytes"], "buckets": stats["buckets"]}
 
 

@@ -177,28 +177,7 @@ class WeightSync(L.Callback):
                 await engine.wake()
 
         datamodule.call(prepare())
-        feed = BucketFeed()
-
-        async def load() -> None:
-            try:
-                await engine.load_weights(feed, version)
-            finally:
-                feed.stop()
-
-        with ThreadPoolExecutor(1, thread_name_prefix="weight-sync") as pool:
-            loading = pool.submit(datamodule.call, load())  # the engine takes the buckets as they are made here
-            try:
-                stats = stream_weights(pl_module.actor, feed, self.bucket_bytes)
-            except BaseException as err:
-                feed.fail(err)
-                with contextlib.suppress(BaseException):
-                    loading.result()
-                raise
-            loading.result()  # the engine's error, if it failed
-        if stats["delivered"] != stats["buckets"]:
-            raise RuntimeError(
-                f"WeightSync: the engine took {stats['delivered']:.0f} of {stats['buckets']:.0f} weight buckets"
-            )
+        stats = stream_into_engine(pl_module.actor, engine, version, self.bucket_bytes, datamodule.call)
         datamodule.call(scheduler.resume())  # groups now too stale for `version` are dropped here
         done = time.perf_counter()
         return {
@@ -209,3 +188,35 @@ class WeightSync(L.Callback):
             "sync/bytes": stats["bytes"],
             "sync/buckets": stats["buckets"],
         }
+
+
+def stream_into_engine(
+    model: torch.nn.Module, engine: Any, version: int, bucket_bytes: int, call: Callable[[Any], Any]
+) -> dict[str, float]:
+    """Stream ``model``'s weights into ``engine`` as ``version``: the buckets are made on this thread (the FSDP2
+    gathers stay where Lightning set the device) while the engine loads them through ``call``, which runs a
+    coroutine on the engine's event loop and waits for it. Raises if the engine failed or took fewer buckets than
+    were made; returns `stream_weights`'s statistics."""
+    feed = BucketFeed()
+
+    async def load() -> None:
+        try:
+            await engine.load_weights(feed, version)
+        finally:
+            feed.stop()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="weight-sync") as pool:
+        loading = pool.submit(call, load())  # the engine takes the buckets as they are made here
+        try:
+            stats = stream_weights(model, feed, bucket_bytes)
+        except BaseException as err:
+            feed.fail(err)
+            with contextlib.suppress(BaseException):
+                loading.result()
+            raise
+        loading.result()  # the engine's error, if it failed
+    if stats["delivered"] != stats["buckets"]:
+        raise RuntimeError(
+            f"WeightSync: the engine took {stats['delivered']:.0f} of {stats['buckets']:.0f} weight buckets"
+        )
+    return stats

@@ -30,18 +30,12 @@ from typing import Any
 
 import pytest
 import torch
-from support.cli import TINY, run_cli
+from support.cli import TINY, TWO_RANKS, run_cli
 from support.handoff_trace import RecordingDeviceOps
 
 from roll_lightning.callbacks.device_ops import TorchDeviceOps
 from roll_lightning.callbacks.gpu_handoff import HandoffPlan, plan_handoff
 
-TWO_RANKS = [
-    "--trainer.devices", "2",
-    "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
-    "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1",
-    "--trainer.strategy.process_group_backend", "gloo",
-]  # fmt: skip
 STEPS = 2
 
 

@@ -6,14 +6,8 @@ import csv
 from pathlib import Path
 
 import torch
-from support.cli import ROOT, run_cli
+from support.cli import ROOT, TWO_RANKS, run_cli
 
-TWO_RANKS = [
-    "--trainer.devices", "2",
-    "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
-    "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1",
-    "--trainer.strategy.process_group_backend", "gloo",
-]  # fmt: skip
 STEPS = 4
 
 

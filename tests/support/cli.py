@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 TESTS = ROOT / "tests"
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
+TWO_RANKS = [  # two FSDP2 ranks on the CPU (gloo), as a user would ask for them on the command line
+    "--trainer.devices", "2",
+    "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+    "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1",
+    "--trainer.strategy.process_group_backend", "gloo",
+]  # fmt: skip
+
 SLOW_ENV = [
     "--data.envs.local_args", '["--import", "support.plugin_envs"]', "--data.rollout.env_id", "slow",
     "--data.rollout.env_config", '{"max_steps": 2, "delay_s": 0.5}',

@@ -27,6 +27,10 @@ class DeviceOps(Protocol):
         """Wait until the copies queued on the accelerator are done."""
         ...
 
+    def free_memory(self, device: str) -> int | None:
+        """Free bytes on ``device`` (None where it cannot be read: a CPU)."""
+        ...
+
 
 class TorchDeviceOps:
     """The real operations."""
@@ -43,3 +47,9 @@ class TorchDeviceOps:
     def synchronize(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+
+    def free_memory(self, device: str) -> int | None:
+        if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+            return None
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])

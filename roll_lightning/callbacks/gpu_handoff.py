@@ -1,4 +1,4 @@
-"""`GPUHandoff`: generation and training take turns on the same accelerator (colocated runs).
+"""`GPUHandoff`: generation and training take turns on the same accelerator (colocated and partial-overlap runs).
 
 What happens when is decided once per run by `plan_handoff`, a pure function of the accelerator and
 ``data.colocate``:
@@ -9,6 +9,14 @@ What happens when is decided once per run by `plan_handoff`, a pure function of 
 | cuda        | false    | nothing                 | nothing (generation goes on, staleness)     | nothing          |
 | cpu         | true     | nothing                 | suspend, engine sleep (a no-op on CPU)     | engine wake      |
 | cpu         | false    | nothing                 | nothing                                    | nothing          |
+| cuda        | partial  | optimiser state -> CPU  | shrink `train` replicas, state -> GPU, sync | expand them      |
+| cpu         | partial  | nothing                 | shrink `train` replicas                    | expand them      |
+
+Partial overlap (``data.colocate: partial``, ROLL's shrink/expand sampler): the replicas on the training device
+(``train`` in ``data.engine.devices``) are shrunk when the batch is in (their replies in flight are asked again
+of the other replicas, which keep generating within ``max_staleness``; they sleep, freeing the device), and
+expanded after the update; they serve again once `WeightSync`'s load, which follows at once, gave them the new
+weights. This callback comes before `WeightSync` in the module's callbacks, so the expand precedes the load.
 
 The optimiser state goes to the CPU only when the engine needs the memory (colocated on a GPU), and comes
 back before every optimiser step. (Before this table existed, disaggregated CUDA runs moved it to the CPU
@@ -28,6 +36,7 @@ import lightning as L
 import torch
 
 from roll_lightning.callbacks.device_ops import DeviceOps, TorchDeviceOps
+from roll_lightning.rollout.engines.placement import TRAIN
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +47,31 @@ class HandoffPlan:
 
     offload_optimizer: bool  # optimiser state to the CPU while generating, back before the update
     sleep_engine: bool  # the engine is suspended and sleeps while the policy trains; woken for the weight sync
+    shrink_shared: bool = False  # the `train` replicas step aside for the update; the others keep generating
 
     @property
     def synchronize(self) -> bool:
         return self.offload_optimizer  # wait for the state to be back before the optimiser reads it
 
 
-def plan_handoff(accelerator: str, colocate: bool) -> HandoffPlan:
-    """The handoff for a run that trains on ``accelerator`` with generation colocated or not."""
-    return HandoffPlan(offload_optimizer=colocate and accelerator == "cuda", sleep_engine=colocate)
+def plan_handoff(accelerator: str, colocate: bool | str) -> HandoffPlan:
+    """The handoff for a run that trains on ``accelerator`` with generation colocated, partly (``"partial"``)
+    or not."""
+    if colocate == "partial":
+        return HandoffPlan(offload_optimizer=accelerator == "cuda", sleep_engine=False, shrink_shared=True)
+    return HandoffPlan(offload_optimizer=bool(colocate) and accelerator == "cuda", sleep_engine=bool(colocate))
 
 
 class GPUHandoff(L.Callback):
-    """Added by the module itself; acts when the rollout is colocated (``data.colocate: true``, the default)."""
+    """Added by the module itself; acts when the rollout is colocated (``data.colocate: true``, the default) or
+    partly colocated (``partial``)."""
 
     def __init__(self, ops: DeviceOps | None = None) -> None:
         self.ops: DeviceOps = ops or TorchDeviceOps()
         self._warned = False
 
     def plan(self, trainer: L.Trainer, pl_module: L.LightningModule) -> HandoffPlan:
-        colocate = bool(getattr(trainer.datamodule, "colocate", True))
+        colocate = getattr(trainer.datamodule, "colocate", True)
         return plan_handoff(torch.device(self.ops.device(pl_module)).type, colocate)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -69,15 +83,24 @@ class GPUHandoff(L.Callback):
         datamodule = trainer.datamodule
         engine = getattr(datamodule, "engine", None)
         plan = self.plan(trainer, pl_module)
-        if engine is None or not plan.sleep_engine:
+        if engine is None or not (plan.sleep_engine or plan.shrink_shared):
             return  # disaggregated: generation goes on during training, within the staleness bound
         started = time.perf_counter()
+        if plan.shrink_shared:  # the other replicas keep generating
+            train_device = str(self.ops.device(pl_module))
 
-        async def handoff() -> None:
-            await datamodule.scheduler.suspend()
-            await engine.sleep()
+            def free_memory(label: str) -> int | None:
+                return self.ops.free_memory(train_device if label == TRAIN else label)
 
-        datamodule.call(handoff())
+            moved = datamodule.call(datamodule.scheduler.shrink_sampler([TRAIN], free_memory=free_memory))
+            self._log_moved(pl_module, "shrink", moved, len(batch))
+        else:
+
+            async def handoff() -> None:
+                await datamodule.scheduler.suspend()
+                await engine.sleep()
+
+            datamodule.call(handoff())
         if plan.offload_optimizer:
             for optimizer in trainer.optimizers:
                 self.ops.move_optimizer_state(optimizer, self.ops.device(pl_module))
@@ -87,3 +110,21 @@ class GPUHandoff(L.Callback):
             log.info("GPU handoff: training on %s, nothing to hand over", pl_module.device)
             self._warned = True
         pl_module.log("timing/handoff_s", time.perf_counter() - started, on_step=True, batch_size=len(batch))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Partial overlap: give the `train` replicas back to generation (before `WeightSync` loads them)."""
+        if self.plan(trainer, pl_module).shrink_shared and trainer.datamodule.engine is not None:
+            started = time.perf_counter()
+            moved = trainer.datamodule.call(trainer.datamodule.scheduler.expand_sampler([TRAIN]))
+            pl_module.log("timing/expand_s", time.perf_counter() - started, on_step=True, batch_size=1)
+            self._log_moved(pl_module, "expand", moved, 1)
+
+    @staticmethod
+    def _log_moved(pl_module: Any, what: str, moved: dict[str, Any], batch_size: int) -> None:
+        values = {f"rollout/{what}_replicas": float(len(moved["replicas"]))}
+        if what == "shrink":
+            values["rollout/shrink_aborted"] = float(moved["aborted"])
+            values["rollout/shrink_migrated"] = float(moved["migrated"])
+            if moved["released_bytes"] is not None:
+                values["rollout/shrink_released_gib"] = moved["released_bytes"] / 2**30
+        pl_module.log_dict(values, on_step=True, batch_size=batch_size)

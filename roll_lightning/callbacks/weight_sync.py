@@ -169,7 +169,7 @@ class WeightSync(L.Callback):
         version = int(pl_module.rollout_steps)
         scheduler = datamodule.scheduler
 
-        slept = bool(getattr(datamodule, "colocate", True))  # `GPUHandoff`'s plan put it to sleep for the update
+        slept = getattr(datamodule, "colocate", True) is True  # `GPUHandoff` put it to sleep (partial: expanded)
 
         async def prepare() -> None:
             await scheduler.suspend()  # no reply may come from half-loaded weights

@@ -20,16 +20,17 @@ import signal
 import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig
+from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
+from roll_lightning.rollout.engines.placement import TRAIN
 from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
 from roll_lightning.rollout.tags import Lane
@@ -47,7 +48,7 @@ class RolloutDataModule(L.LightningDataModule):
         rollout: RolloutConfig = RolloutConfig(),
         envs: EnvsConfig = EnvsConfig(),
         engine: EngineConfig = EngineConfig(),
-        colocate: bool = True,
+        colocate: bool | Literal["partial"] = True,
         evaluation: EvalConfig = EvalConfig(),
     ) -> None:
         """
@@ -58,10 +59,17 @@ class RolloutDataModule(L.LightningDataModule):
             engine: which generation engine, and its settings.
             colocate: generation and training share the accelerator: the engine sleeps while the policy trains.
                 False (disaggregated): generation goes on during training, bounded by rollout.max_staleness.
+                ``partial`` (partial overlap, ROLL's shrink/expand): the replicas on the training device
+                (``train`` in ``engine.devices``) step aside for each update while the others keep generating,
+                bounded by rollout.max_staleness; they come back with the new weights.
             evaluation: held-out evaluation episodes (``validate``; ``trainer.val_check_interval`` during fit).
         """
         super().__init__()
         self.model = model
+        if colocate == "partial":
+            check_partial(engine)
+        elif not isinstance(colocate, bool):
+            raise RolloutConfigError(f"data.colocate must be true, false or partial, got {colocate!r}")
         self.colocate = colocate
         self.evaluation = evaluation
         self.rollout = rollout
@@ -101,7 +109,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.servers = EnvServers(self.envs, [*self.rollout.lanes, *self.eval_lanes()])
         await self.servers.start(self.tokenizer)  # env ids, configs, endpoints, budgets: all checked here
         # Engines load models: off the loop, so env health checks keep running meanwhile.
-        self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model)
+        self.engine = await asyncio.to_thread(
+            build_engine,
+            self.engine_config,
+            self.model,
+            train_device=str(self.trainer.strategy.root_device) if self._has_trainer() else None,
+            local_rank=self.trainer.local_rank if self._has_trainer() else 0,
+            local_world_size=self.trainer.num_devices if self._has_trainer() else 1,
+        )
         pools = self.servers.pools_for(self.rollout.lanes)
         self.scheduler = RolloutScheduler(pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world)
         if self._pending_state is not None:
@@ -273,6 +288,16 @@ class RolloutDataModule(L.LightningDataModule):
             return self.trainer is not None
         except RuntimeError:
             return False
+
+
+def check_partial(engine: EngineConfig) -> None:
+    """``data.colocate: partial`` needs replicas on the training device and replicas elsewhere."""
+    devices = engine.devices or []
+    if TRAIN not in devices or all(entry == TRAIN for entry in devices):
+        raise RolloutConfigError(
+            "data.colocate: partial needs data.engine.devices to list the training device as 'train' and at least "
+            f"one other device that keeps generating during updates, e.g. [train, cuda:1]; got {engine.devices}"
+        )
 
 
 class _RolloutStream(IterableDataset[RolloutBatch]):

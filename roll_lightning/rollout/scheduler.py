@@ -34,7 +34,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed, E
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.engines.router import EngineRouter
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
 from roll_lightning.rollout.filters import GroupSelection, filter_metrics
 from roll_lightning.rollout.groups import Group
@@ -284,6 +285,27 @@ class RolloutScheduler:
                     generation = replace(generation, extra={**generation.extra, "redone": redone})
                 return generation
             redone += 1  # cancelled by a suspend: ask again once the gate reopens
+
+    # -- partial overlap (the seeds' shrink_sampler / expand_sampler) --------------------------------
+
+    async def shrink_sampler(
+        self, devices: Sequence[str], free_memory: Callable[[str], int | None] | None = None
+    ) -> dict[str, Any]:
+        """Free ``devices`` for training while the other replicas keep generating: `EngineRouter.shrink`
+        (their replies in flight are asked again elsewhere; nothing is lost). Returns what moved."""
+        return await self._router("shrink_sampler").shrink(devices, free_memory)
+
+    async def expand_sampler(self, devices: Sequence[str], skip_load: bool = False) -> dict[str, Any]:
+        """Give ``devices`` back to generation: `EngineRouter.expand` (they serve once they hold the current
+        weights, or at once with ``skip_load``). Returns what moved."""
+        moved = await self._router("expand_sampler").expand(devices, skip_load)
+        self._kick.set()
+        return moved
+
+    def _router(self, what: str) -> EngineRouter:
+        if not isinstance(self.engine, EngineRouter):
+            raise TypeError(f"{what}: the engine is one {type(self.engine).__name__}, not replicas behind a router")
+        return self.engine
 
     # -- groups --------------------------------------------------------------------------------------
 

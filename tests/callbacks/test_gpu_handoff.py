@@ -24,6 +24,7 @@ CUDA-only branches and where each is covered on a CPU:
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,11 @@ STEPS = 2
         ("cuda", False, HandoffPlan(offload_optimizer=False, sleep_engine=False)),
         ("cpu", True, HandoffPlan(offload_optimizer=False, sleep_engine=True)),
         ("cpu", False, HandoffPlan(offload_optimizer=False, sleep_engine=False)),
+        ("cuda", "partial", HandoffPlan(offload_optimizer=True, sleep_engine=False, shrink_shared=True)),
+        ("cpu", "partial", HandoffPlan(offload_optimizer=False, sleep_engine=False, shrink_shared=True)),
     ],
 )
-def test_the_plan_table(accelerator: str, colocate: bool, plan: HandoffPlan) -> None:
+def test_the_plan_table(accelerator: str, colocate: bool | str, plan: HandoffPlan) -> None:
     assert plan_handoff(accelerator, colocate) == plan
     assert plan.synchronize == plan.offload_optimizer
 
@@ -139,3 +142,48 @@ def test_the_recording_stand_in_tracks_where_the_state_would_be() -> None:
     ops = RecordingDeviceOps(events)
     ops.move_optimizer_state(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1), "cpu")
     assert ops.state_on == "cpu" and events == [["optimizer_state_to", "cpu"]]
+
+
+PARTIAL = [
+    "--data.colocate", "partial", "--data.engine.devices", "[train, cpu]", "--data.rollout.max_staleness", "1",
+    "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir",
+]  # fmt: skip
+PARTIAL_STEP = [
+    "optimizer_state_to:cpu",
+    "engine.shrink",  # the batch is in: the replica on the training device steps aside, the other generates on
+    "free_memory:cuda",  # what its sleep frees, read on the training device ("cuda" here: the stand-in)
+    "train.sleep",
+    "free_memory:cuda",
+    "optimizer_state_to:cuda",
+    "synchronize",
+    "optimizer.step:cuda",
+    "engine.expand",  # after the update, before WeightSync's load
+    "train.wake",
+    "engine.load_weights",  # both replicas get the new weights; the expanded one serves only after that
+]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_partial_overlap_run_shrinks_and_expands_around_each_update(tmp_path: Path, ranks: int) -> None:
+    """``data.colocate: partial`` with replicas on ``[train, cpu]``: per step, the `train` replica is shrunk when the
+    batch is in and expanded after the update, then both replicas load the new weights; the `cpu` replica never
+    sleeps. The shrink's report is logged (``rollout/shrink_*``; released memory from the stand-in's reads)."""
+    traces = traced_fit(tmp_path, *PARTIAL, str(tmp_path / "run"), *(TWO_RANKS if ranks == 2 else []))
+    assert len(traces) == ranks
+    for events in traces:
+        steps = steps_of(events)
+        assert len(steps) == STEPS, events
+        for step in steps:
+            assert step[: len(PARTIAL_STEP)] == PARTIAL_STEP, events
+            loads = step[len(PARTIAL_STEP) :]
+            assert sorted(e for e in loads if not e.startswith("optimizer")) == [
+                "cpu.load_weights",
+                "train.load_weights",
+            ]
+            assert not [e for e in step if e.startswith("cpu.") and e != "cpu.load_weights"], events
+    rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
+    logged = [r for r in rows if r.get("rollout/shrink_replicas")]
+    assert len(logged) == STEPS
+    assert {float(r["rollout/shrink_replicas"]) for r in logged} == {1.0}
+    assert {float(r["rollout/shrink_released_gib"]) for r in logged} == {1.0}
+    assert {float(r["rollout/expand_replicas"]) for r in rows if r.get("rollout/expand_replicas")} == {1.0}

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 
 from roll_lightning.callbacks import GPUHandoff
+from roll_lightning.rollout.engines import EngineRouter
 
 
 class RecordingDeviceOps:
@@ -27,6 +28,7 @@ class RecordingDeviceOps:
     def __init__(self, events: list[list[Any]], pretend: str = "cuda") -> None:
         self.events, self.pretend = events, pretend
         self.state_on = "cuda"  # where the optimiser state would live now
+        self.reads = 0  # free-memory reads so far
 
     def device(self, module: L.LightningModule) -> str:
         return self.pretend
@@ -37,6 +39,12 @@ class RecordingDeviceOps:
 
     def synchronize(self) -> None:
         self.events.append(["synchronize"])
+
+    def free_memory(self, device: str) -> int | None:
+        """Pretends the device gains 1 GiB of free memory per call (a shrink reads it before and after)."""
+        self.events.append(["free_memory", device])
+        self.reads += 1
+        return self.reads * 2**30
 
 
 class TraceHandoff(L.Callback):
@@ -51,8 +59,13 @@ class TraceHandoff(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         engine = trainer.datamodule.engine
-        for name in ("sleep", "wake", "load_weights"):
-            setattr(engine, name, self._recorded(name, getattr(engine, name)))
+        for name in ("sleep", "wake", "load_weights", "shrink", "expand"):
+            if hasattr(engine, name):
+                setattr(engine, name, self._recorded(f"engine.{name}", getattr(engine, name)))
+        if isinstance(engine, EngineRouter):  # partial overlap: which replica sleeps, wakes and loads
+            for label, replica in zip(engine.devices, engine.replicas, strict=True):
+                for name in ("sleep", "wake", "load_weights"):
+                    setattr(replica, name, self._recorded(f"{label}.{name}", getattr(replica, name)))
         for optimizer in trainer.optimizers:
             optimizer.register_step_pre_hook(lambda *_: self.events.append(["optimizer.step", self.ops.state_on]))
 
@@ -62,7 +75,7 @@ class TraceHandoff(L.Callback):
     def _recorded(self, name: str, method: Any) -> Any:
         @functools.wraps(method)
         async def call(*args: Any, **kwargs: Any) -> Any:
-            self.events.append([f"engine.{name}"])
+            self.events.append([name])
             return await method(*args, **kwargs)
 
         return call

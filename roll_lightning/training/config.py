@@ -1,4 +1,4 @@
-"""Typed training settings: the algorithm and the optimiser (their docstrings are the YAML's documentation)."""
+"""Typed training settings: the algorithm, the optimiser and LoRA (their docstrings are the YAML's documentation)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ _RULES = {
     "schedule": "constant or cosine",
     "total_steps": ">= 1",
     "min_lr_ratio": "in [0, 1]",
+    "rank": ">= 0 (0 = off: full fine-tuning)",
+    "alpha": "> 0",
+    "dropout": "in [0, 1)",
+    "target_modules": "all-linear or a non-empty list of module names",
 }
 _REASONS = {"temperature": f"it is {TEMPERATURE_KEY} (linked), and {TEMPERATURE_REASON}"}
 
@@ -290,3 +294,41 @@ class OptimConfig:
             return 1.0
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on the policy (PEFT; `roll_lightning.training.lora`): the base model stays frozen and only
+    the adapters train, so the optimiser state, the checkpoints and (with vLLM) each weight sync hold the adapters
+    alone. The critic (``ppo-gae``) still trains in full; with ``kl_coef > 0`` the reference model is the policy
+    with its adapters switched off (no second copy of the model).
+
+    Args:
+        rank: ``r``, the adapters' inner size (0 = off: full fine-tuning).
+        alpha: the adapters' output is scaled by ``alpha / rank``.
+        dropout: dropout on the adapters' input while training (0: the trainer's log-probs stay those of the
+            engine, which has no dropout).
+        target_modules: ``all-linear`` (every linear layer in the blocks; not the output head) or a list of
+            module names (e.g. ``[q_proj, v_proj]``).
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):  # a YAML list; a tuple keeps the frozen config hashable
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        names = (self.target_modules,) if isinstance(self.target_modules, str) else self.target_modules
+        checks = {
+            "rank": self.rank >= 0,
+            "alpha": self.alpha > 0,
+            "dropout": 0 <= self.dropout < 1,
+            "target_modules": len(names) > 0 and all(isinstance(n, str) and n for n in names),
+        }
+        _check("model.lora", self, checks)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0

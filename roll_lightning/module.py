@@ -420,10 +420,27 @@ class AgentRLModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.rollout_steps
         checkpoint["eval_reports"] = [report.to_dict() for report in self.eval_reports]
-        if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on
-            checkpoint["lora"] = {"config": dataclasses.asdict(self.lora), "model": str(self.model_path)}
+        if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on, and its layout
+            from roll_lightning.training.lora import trainable_keys
+
+            keys = sorted(trainable_keys(self.actor, "actor."))
+            checkpoint["lora"] = {"config": dataclasses.asdict(self.lora), "model": str(self.model_path), "keys": keys}
+
+    @property
+    def strict_loading(self) -> bool:
+        """With LoRA a checkpoint leaves the frozen base out; `training.lora.keep_only_adapters` checks the rest."""
+        return not self.lora.enabled
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.lora.enabled:  # the same adapters as the run that wrote it (FSDP2 full-file loads skip the hook)
+            from roll_lightning.training.lora import trainable_keys
+
+            expected = sorted(trainable_keys(self.actor, "actor."))
+            if checkpoint.get("lora", {}).get("keys") != expected:
+                raise RuntimeError(
+                    "the checkpoint was not written with this model.lora (its adapters differ, or it trained every"
+                    f" weight): it holds {checkpoint.get('lora', {}).get('config')}, this run has {self.lora}"
+                )
         self.rollout_steps = checkpoint.get("rollout_steps", 0)
         self.eval_reports = [EvalReport(**report) for report in checkpoint.get("eval_reports", [])]
 

@@ -2,12 +2,12 @@
 full updated weights, and each rank its optimiser-step count to ``OUT.rank<r>``.
 
     python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--backend gloo|nccl]
-        [--accelerator cpu|gpu] [--rank1-rows K] [--lora LORA_JSON]
+        [--accelerator cpu|gpu] [--rank1-rows K]
 
 Run as its own process (Lightning starts the other ranks by running this command again): by the GPU check
 (NCCL over every visible GPU) and by tests/training/test_fsdp.py (gloo, 2 CPU ranks), each comparing the result
 with one process trained on all the groups. ``--rank1-rows K`` gives rank 1 only its first K rows (ranks with
-different row counts); ``--lora '{"rank": 4}'`` trains LoRA adapters (``model.lora``) instead of every weight.
+different row counts).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from roll_lightning.checks.handmade import Repeat, handmade_batch
 from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.training import AlgorithmConfig, LoraConfig, OptimConfig
+from roll_lightning.training import AlgorithmConfig, OptimConfig
 
 
 class RankShard(L.LightningDataModule):
@@ -56,7 +56,6 @@ def main() -> None:
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--rank1-rows", type=int, default=None)
-    ap.add_argument("--lora", default="{}", help="model.lora as JSON (default: off)")
     args = ap.parse_args()
     model_dir = args.model_dir
     batch = handmade_batch(Path(model_dir), AutoTokenizer.from_pretrained(model_dir), groups=args.ranks)
@@ -65,7 +64,6 @@ def main() -> None:
         algorithm=AlgorithmConfig(**json.loads(args.algorithm_json)),
         optim=OptimConfig(lr=1e-3),
         rollout_steps=1,
-        lora=LoraConfig(**json.loads(args.lora)),
     )
     strategy = ModelParallelStrategy(
         data_parallel_size=args.ranks, tensor_parallel_size=1, process_group_backend=args.backend

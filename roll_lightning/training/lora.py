@@ -119,8 +119,12 @@ def trainable_keys(module: torch.nn.Module, prefix: str) -> set[str]:
 
 def keep_only_adapters(owner: torch.nn.Module, attribute: str = "actor") -> None:
     """Leave ``owner.<attribute>``'s frozen tensors out of ``owner``'s state dict, and let a load miss exactly
-    those (they are the base model's, loaded from ``model.model`` again): checkpoints hold the adapters only. A
-    load that misses anything else still fails."""
+    those (they are the base model's, loaded from ``model.model`` again): checkpoints hold the adapters only.
+
+    The owner loads non-strictly (Lightning's ``strict_loading``: FSDP2's full-file load would otherwise refuse
+    the missing base), so the strictness is kept here: a load through ``load_state_dict`` that misses anything
+    else, or brings a key the module does not have, fails (`AgentRLModule.on_load_checkpoint` checks the
+    adapter's layout for the loads that do not come through here)."""
     prefix = f"{attribute}."
 
     def frozen(keys: Any, child: torch.nn.Module) -> set[str]:
@@ -133,14 +137,19 @@ def keep_only_adapters(owner: torch.nn.Module, attribute: str = "actor") -> None
             for key in frozen([k.removeprefix(prefix_) for k in state], child):
                 del state[prefix_ + key]
 
-    def forgive(module: torch.nn.Module, incompatible: Any) -> None:
+    def check(module: torch.nn.Module, incompatible: Any) -> None:
         child = getattr(module, attribute, None)
         if is_lora(child):
-            missing = frozen(incompatible.missing_keys, child)
-            incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in missing]
+            base = frozen(incompatible.missing_keys, child)
+            incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in base]
+        if incompatible.missing_keys or incompatible.unexpected_keys:
+            raise RuntimeError(
+                f"checkpoint does not fit the model (model.lora as in the run?): missing "
+                f"{incompatible.missing_keys[:4]}, unexpected {incompatible.unexpected_keys[:4]}"
+            )
 
     owner.register_state_dict_post_hook(drop)
-    owner.register_load_state_dict_post_hook(forgive)
+    owner.register_load_state_dict_post_hook(check)
 
 
 def export_adapter(checkpoint: str | Path, out: str | Path, model: str | Path | None = None) -> Path:

@@ -51,9 +51,10 @@ def test_only_the_adapters_train(model_dir: Path, tokenizer: Any, tmp_path: Path
         assert float(trainer.callback_metrics["train/kl"]) > 0  # step 2: the adapted policy vs the base it left
 
 
-def test_two_fsdp2_ranks_match_one_process(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
-    """LoRA under FSDP2: the same rollout batch on 1 process and on 2 ranks (gloo, a subprocess) gives the same
-    adapters, and on both the base weights stay as loaded."""
+def test_two_fsdp2_ranks_match_one_process_and_resume_exactly(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """LoRA under FSDP2 (2 ranks, gloo, a subprocess; the same batch on both ranks): two steps give the adapters
+    of one process, the base stays as loaded, and one step + a full-file checkpoint + one more step from it give
+    the two straight steps exactly."""
     import dataclasses
     import json
     import os
@@ -61,30 +62,29 @@ def test_two_fsdp2_ranks_match_one_process(model_dir: Path, tokenizer: Any, tmp_
     import sys
 
     single = AgentRLModule(str(model_dir), optim=OptimConfig(lr=1e-3), lora=LORA)
-    fit(single, handmade_batch(model_dir, tokenizer), tmp_path / "single")
-    out = tmp_path / "fsdp.pt"
+    fit(single, handmade_batch(model_dir, tokenizer), tmp_path / "single", rollout_steps=2)
     tests = Path(__file__).parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    worker = ["-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out), "{}"]
     lora = json.dumps(dataclasses.asdict(LORA))
     done = subprocess.run(
-        [sys.executable, *worker, "--lora", lora], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
-        text=True, cwd=tmp_path,
+        [sys.executable, str(tests / "support" / "lora_fsdp.py"), str(model_dir), str(tmp_path), lora],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    sharded = torch.load(out)
+    straight, resumed = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
     expected = single.actor.state_dict()
-    assert set(sharded) == set(expected)
+    assert set(straight) == set(resumed) == set(expected)
     original = AgentRLModule._load(model_dir).state_dict()
     for name, tensor in expected.items():
+        assert torch.equal(straight[name], resumed[name]), name
         if ".lora_" not in name:  # the base: untouched on both
-            assert torch.equal(sharded[name], tensor) and torch.equal(tensor, original[lora_base_name(name)]), name
-        elif ".lora_B" in name:  # B starts at 0: what it is now, the update made
-            delta = (sharded[name] - tensor).abs().max().item()
-            moved_by = tensor.abs().max().item()
-            assert moved_by > 0 and delta <= 1e-5 + 1e-3 * moved_by, f"{name}: differs by {delta:.2e} of {moved_by:.2e}"
+            assert torch.equal(straight[name], tensor) and torch.equal(tensor, original[lora_base_name(name)]), name
         else:
-            assert torch.allclose(sharded[name], tensor, atol=1e-5), name
+            delta = (straight[name] - tensor).abs().max().item()
+            assert delta <= 1e-5 + 1e-3 * tensor.abs().max().item(), f"{name}: differs by {delta:.2e}"
+    assert all(not torch.equal(t, 0 * t) for k, t in expected.items() if ".lora_B" in k)  # the adapters moved
+    checkpoint = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["state_dict"] and all(".lora_" in k for k in checkpoint["state_dict"])
 
 
 def test_merged_weights_are_the_trained_model(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
@@ -132,6 +132,10 @@ def test_checkpoints_hold_the_adapters_resume_exactly_and_export_to_peft(
     adapter_bytes = sum(p.numel() * p.element_size() for p in resumed.actor.parameters() if p.requires_grad)
     base_bytes = sum(p.numel() * p.element_size() for p in resumed.actor.parameters() if not p.requires_grad)
     assert last.stat().st_size < 4 * adapter_bytes + 200_000 < base_bytes
+
+    other = AgentRLModule(str(model_dir), lora=LoraConfig(rank=4, target_modules=["q_proj"]), rollout_steps=3)
+    with pytest.raises(RuntimeError, match=r"model\.lora"):  # other adapters: refused, not half-loaded
+        checkpointing_trainer(tmp_path / "other", False).fit(other, datamodule=FixedBatches(batch), ckpt_path=last)
 
     out = export_adapter(tmp_path / "stopped" / "checkpoints" / "last.ckpt", tmp_path / "adapter")
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]

@@ -13,10 +13,12 @@ CUDA-only branches and where each is covered on a CPU:
   it frees with `torch.cuda.mem_get_info`.
 - `WeightSync` on a CUDA engine (buckets on the trainer's device, no CPU copy): the same code on CPU tensors
   (tests/callbacks/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device copy only on a GPU.
+- Placing each in-process vLLM engine on its GPU (`vllm_engine.pin_device`, the worker thread's
+  `torch.cuda.set_device`; a bare `cuda` resolves to the rank's training GPU): the decisions are pure and tested in
+  tests/rollout/test_partial_overlap.py; that vLLM then runs there, under Lightning's process group, only
+  bench/gpu_check.py's `fit` (NUM_GPUS > 1) and `partial` rows show.
 - Not testable on a CPU at all: vLLM's CUDA memory pool (what sleep level 1 really frees), NCCL collectives,
-  CUDA graphs, and placing one in-process vLLM engine per rank on its own GPU under Lightning's process group
-  (vLLM's `uni` executor is used; multi-GPU colocated vLLM is for bench/gpu_check.py's `fit` row with
-  NUM_GPUS > 1 to show).
+  CUDA graphs.
 - FSDP2 over NCCL and bf16 `MixedPrecisionPolicy`: the same code runs over gloo and float32 in
   tests/training/test_fsdp.py; NCCL and bf16 numerics only in bench/gpu_check.py.
 - `full_tensor()` on GPU meshes: the same call on CPU meshes in the 2-rank tests (weight sync, checkpoints).

@@ -13,6 +13,7 @@ import asyncio
 import threading
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,9 +24,10 @@ from roll_lightning.envs import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.datamodule import RolloutDataModule
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams
-from roll_lightning.rollout.engines.factory import EngineConfig, EngineConfigError, build_engine
+from roll_lightning.rollout.engines.factory import EngineConfig, EngineConfigError, build_engine, resolve_device
 from roll_lightning.rollout.engines.placement import place
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+from roll_lightning.rollout.engines.vllm_engine import cuda_index, pin_device
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0)
 SHRUNK_VERSION = 99  # only the replica that is shrunk has it: a reply carrying it came from that replica
@@ -267,3 +269,28 @@ def test_build_engine_labels_the_replicas(model_dir: Path) -> None:
     assert isinstance(router, EngineRouter) and router.devices == ["train", "cpu"]
     assert [str(r.device) for r in router.replicas] == ["cpu", "cpu"]
     asyncio.run(router.close())
+
+
+@pytest.mark.parametrize(
+    ("setting", "train_device", "expected"),
+    [
+        ("cpu", "cpu", "cpu"),
+        ("cuda", "cuda:1", "cuda:1"),  # rank 1's engine on rank 1's GPU, not GPU 0
+        ("cuda:3", "cuda:1", "cuda:3"),  # an explicit GPU stays
+        ("cuda", None, "cuda"),  # no trainer (a script): the platform default
+    ],
+)
+def test_a_bare_cuda_engine_goes_to_the_ranks_gpu(setting: str, train_device: str | None, expected: str) -> None:
+    assert resolve_device(setting, train_device) == expected
+
+
+def test_vllm_is_pinned_to_the_gpu_it_is_placed_on() -> None:
+    """vLLM's in-process executor reads the worker's GPU from ``device_config.device``; `EngineArgs` leaves the
+    bare type there (GPU 0). A stand-in for the config object vLLM builds (no CUDA here) records what is set."""
+    config = SimpleNamespace(device_config=SimpleNamespace(device=torch.device("cuda")))
+    pin_device(config, "cuda:3")
+    assert config.device_config.device == torch.device("cuda", 3)
+    on_cpu = SimpleNamespace(device_config=SimpleNamespace(device=torch.device("cpu")))
+    pin_device(on_cpu, "cpu")
+    assert on_cpu.device_config.device == torch.device("cpu")
+    assert [cuda_index(d) for d in ("cuda:4", "cuda", "cpu")] == [4, None, None]

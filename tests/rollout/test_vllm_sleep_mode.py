@@ -32,6 +32,7 @@ def engine_on(device: str) -> tuple[VLLMEngine, RecordingSleepAPI]:
     ThreadedEngine.__init__(engine)
     api = RecordingSleepAPI()
     engine.on_cpu, engine.engine, engine._running = device == "cpu", api, {}
+    engine.cuda_index = None  # the stand-in has no GPU to pin the worker thread to
     engine._start_worker()
     return engine, api
 

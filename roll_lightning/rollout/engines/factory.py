@@ -87,12 +87,16 @@ class EngineConfig:
                 )
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
+def resolve_device(device: str, train_device: str | None = None) -> str:
+    """Where ``data.engine.device`` puts an engine: ``auto`` is cuda when available, else cpu; a bare ``cuda``
+    is the GPU this rank trains on (``train_device``, e.g. ``cuda:1`` on rank 1), never GPU 0 for every rank."""
+    if device == "auto":
+        import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and train_device is not None and train_device.startswith("cuda:"):
+        return train_device
+    return device
 
 
 def build_engine(
@@ -108,7 +112,7 @@ def build_engine(
     One engine is returned bare, several behind an `EngineRouter` that knows their device labels."""
     if not Path(model).is_dir():
         raise FileNotFoundError(f"model: {model} is not a local model folder (nothing is downloaded at run time)")
-    device = resolve_device(config.device)
+    device = resolve_device(config.device, train_device)
     placement = place(
         config.devices,
         config.replicas,

@@ -101,9 +101,13 @@ class ThreadedEngine:
 
     # -- worker side ---------------------------------------------------------------------------------
 
+    def _on_worker_start(self) -> None:
+        """Runs first on the worker thread (an engine on a GPU makes it the thread's current device)."""
+
     def _loop(self) -> None:
         pending: list[Request] = []
         try:
+            self._on_worker_start()
             while True:
                 block = not pending and not self._busy()
                 stop = self._drain_inbox(pending, block)

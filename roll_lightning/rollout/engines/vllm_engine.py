@@ -71,17 +71,30 @@ class VLLMEngine(ThreadedEngine):
         if on_cpu:
             _prepare_for_cpu()
         from vllm import EngineArgs, LLMEngine
+        from vllm.v1.executor import Executor
 
         args = engine_args(model, config, device, seed)
         self.on_cpu = on_cpu
+        self.cuda_index = cuda_index(device)
         with _ENGINE_LOCK:
-            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+            vllm_config = EngineArgs(**args).create_engine_config()
+            pin_device(vllm_config, device)
+            executor = Executor.get_class(vllm_config)
+            self.engine = LLMEngine(vllm_config=vllm_config, executor_class=executor, log_stats=False)
         self.tied_embeddings = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self.takes_adapters = config.max_lora_rank > 0  # `WeightSync` sends adapters, not weights
         self._lora_request: Any = None  # set once an adapter is installed: every request uses it
         self._ids = map(str, itertools.count())
         self._running: dict[str, Request] = {}
         self._start_worker()
+
+    def _on_worker_start(self) -> None:
+        """The worker thread computes on the engine's GPU (CUDA's current device is per thread, and is GPU 0 in a
+        new thread; vLLM's streams and graphs use the current device)."""
+        if self.cuda_index is not None:
+            import torch
+
+            torch.cuda.set_device(self.cuda_index)
 
     # -- engine interface ----------------------------------------------------------------------------
 
@@ -207,6 +220,24 @@ class VLLMEngine(ThreadedEngine):
                     prompt_tokens=len(request.prompt_ids),
                 ),
             )
+
+
+def cuda_index(device: str) -> int | None:
+    """The GPU index of ``cuda:N`` (None for a CPU, or a bare ``cuda``, which the factory never passes on a GPU
+    run: it resolves it to the rank's training GPU)."""
+    kind, _, index = device.partition(":")
+    return int(index) if kind == "cuda" and index else None
+
+
+def pin_device(vllm_config: Any, device: str) -> None:
+    """Put an in-process engine on ``device``'s GPU. vLLM's in-process (``uni``) executor places its worker on the
+    GPU whose index ``device_config.device`` names (``cuda:N`` -> N), and `EngineArgs` sets it to the bare
+    platform type, which means GPU 0 for every rank and every replica."""
+    index = cuda_index(device)
+    if index is not None:
+        import torch
+
+        vllm_config.device_config.device = torch.device("cuda", index)
 
 
 def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from roll_lightning.rollout.batch import RolloutBatch, collate  # noqa: E402
 from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError  # noqa: E402
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeSettings, Turn  # noqa: E402
-from roll_lightning.rollout.scheduler import RolloutScheduler, group_seed  # noqa: E402
+from roll_lightning.rollout.ledger import group_seed  # noqa: E402
+from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
 __all__ = [
     "ContextBudgetError",

@@ -5,19 +5,14 @@ thread; the training loop pulls batches through an infinite `IterableDataset` (`
 DataLoader worker would not have the loop thread). Ranks play disjoint groups (rank r of W plays groups
 r, r+W, ...), so nothing needs a sampler. Callbacks reach the engine and the scheduler through `call`.
 
-SIGTERM (a scheduler's preemption, ``kill``) abandons the rollout in flight instead of waiting for it: a CPU
-rollout can take minutes. Its groups were not trained on and are not in any checkpoint, so ``--ckpt_path last``
-plays them again; the run exits through Lightning's `SIGTERMException`, as Lightning does between steps.
-SIGINT (Ctrl-C) takes the same path: the CLI hands it to the SIGTERM handler (`roll_lightning.exits`).
+The loop, its thread and the SIGTERM bridge are `loop.RolloutLoop`: SIGTERM (or Ctrl-C) abandons the rollout in
+flight instead of waiting for it, and ``--ckpt_path last`` plays its groups again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import signal
-import threading
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
@@ -31,6 +26,7 @@ from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig,
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
 from roll_lightning.rollout.engines.placement import TRAIN
+from roll_lightning.rollout.loop import RolloutLoop
 from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
 from roll_lightning.rollout.tags import Lane
@@ -80,11 +76,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.scheduler: RolloutScheduler | None = None
         self.tokenizer: Any = None
         self.servers: EnvServers | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self.loop: RolloutLoop | None = None
         self._pending_state: dict[str, Any] | None = None
-        self._inflight: concurrent.futures.Future[Any] | None = None
-        self._terminating = 0  # the signal that is stopping the run (SIGTERM, or SIGINT passed on by the CLI)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -95,10 +88,7 @@ class RolloutDataModule(L.LightningDataModule):
 
         rank, world = self._rank_world()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollout-loop-rank{rank}", daemon=True)
-        self._thread.start()
-        self._install_sigterm_handler()
+        self.loop = RolloutLoop(f"rollout-loop-rank{rank}")
         try:
             self.call(self._start(rank, world))
         except BaseException:
@@ -139,20 +129,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.teardown("exception")
 
     def teardown(self, stage: str) -> None:
-        if self._loop is None:
+        if self.loop is None:
             return
-        if threading.current_thread() is threading.main_thread() and hasattr(self, "_restore_sigterm"):
-            signal.signal(signal.SIGTERM, self._restore_sigterm)
-            del self._restore_sigterm
         try:
             self.call(self._stop(), timeout=120)
         except Exception:  # teardown must finish even after a failed run
             log.exception("rollout teardown")
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._loop.close()
-        self._loop = self._thread = None
+        self.loop.close()
+        self.loop = None
         self.scheduler = self.engine = self.servers = None
 
     async def _stop(self) -> None:
@@ -165,53 +149,12 @@ class RolloutDataModule(L.LightningDataModule):
             await self.servers.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, interruptible: bool = False) -> T:
-        """Run a coroutine on the rollout loop from any other thread and wait for its result.
-
-        ``interruptible`` (rollouts: training batches, evaluation): SIGTERM cancels the call, in flight or yet to
-        start, and it raises `SIGTERMException`. Other calls (teardown's among them) always run to the end.
-        """
-        if self._loop is None:
+        """Run a coroutine on the rollout loop from any other thread and wait for its result
+        (`RolloutLoop.call`; ``interruptible``: SIGTERM cancels it)."""
+        if self.loop is None:
             coro.close()
             raise RuntimeError("the rollout is not set up (call setup() first)")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        if not interruptible:
-            return future.result(timeout)
-        self._inflight = future
-        try:
-            if self._terminating:  # the signal came before this call was registered
-                future.cancel()
-            return future.result(timeout)
-        except concurrent.futures.CancelledError:
-            if not self._terminating:
-                raise
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-            name = signal.Signals(self._terminating).name
-            log.warning("%s: abandoned the rollout in flight; `--ckpt_path last` plays its groups again", name)
-            raise SIGTERMException(128 + self._terminating) from None
-        finally:
-            self._inflight = None
-
-    def _install_sigterm_handler(self) -> None:
-        """Chain a SIGTERM handler in front of the current one (Lightning's, which stops between steps)."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; the default behaviour stays
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous == signal.SIG_IGN:
-            return  # whoever started us chose to ignore SIGTERM
-
-        def on_sigterm(signum: int, frame: Any) -> None:
-            self._terminating = signum
-            inflight = self._inflight
-            if inflight is not None:
-                inflight.cancel()
-            if callable(previous):
-                previous(signum, frame)
-            elif inflight is None:  # no Lightning handler and nothing to cancel: the default action, but clean
-                raise SystemExit(128 + signum)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-        self._restore_sigterm = previous
+        return self.loop.call(coro, timeout, interruptible)
 
     # -- data ----------------------------------------------------------------------------------------
 

@@ -3,7 +3,12 @@
 Every member of a group starts from the same seed, so a group-normalised advantage compares like with like;
 a group missing a member is never released (a failed group is dropped whole). Groups are released in the order
 they complete. A group whose oldest reply came from weights more than ``max_staleness`` policy versions ago is
-dropped when the version moves on (0 = strictly on-policy).
+dropped when the version moves on (0 = strictly on-policy): `is_stale` is that rule, the one place it is written.
+
+When is a group dropped? Here, and only here: `GroupQueue.drop` (a member's retries ran out: ``failed``) and
+`GroupQueue.expire` / `is_stale` (``stale``). The policy version is the engine's: `WeightSync` sets it to the
+number of rollout steps trained after each load, and `RolloutScheduler.resume` expires what that made too stale;
+a group taken for a batch is checked once more against the version at that moment.
 """
 
 from __future__ import annotations
@@ -13,6 +18,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from roll_lightning.rollout.episode import Episode
+
+
+def is_stale(version: int, group_version: int, max_staleness: int) -> bool:
+    """Whether a group whose oldest reply came from ``group_version`` is too old to train the policy at
+    ``version`` on: more than ``max_staleness`` versions behind (0 = strictly on-policy)."""
+    return version - group_version > max_staleness
 
 
 @dataclass
@@ -75,7 +86,7 @@ class GroupQueue:
 
     def expire(self, version: int) -> list[Group]:
         """Drop every group (running or complete) that is already too stale for ``version``."""
-        stale = [g for g in self.live.values() if version - g.policy_version > self.max_staleness]
+        stale = [g for g in self.live.values() if is_stale(version, g.policy_version, self.max_staleness)]
         return [g for g in (self.drop(g.index, "stale") for g in stale) if g is not None]
 
     def fail(self, error: BaseException) -> None:

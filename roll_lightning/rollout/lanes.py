@@ -7,50 +7,12 @@ the engine and the running slots.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from roll_lightning.envs import EnvPool, EnvSession
 from roll_lightning.rollout.groups import GroupQueue
+from roll_lightning.rollout.ledger import GroupSequence
 from roll_lightning.rollout.tags import Lane
-
-
-class GroupSequence:
-    """Which local group numbers a lane has started and settled (consumed or dropped).
-
-    Every number below the watermark is settled; ``settled_above`` holds the settled ones above it. A resume
-    restarts exactly the started-but-unsettled numbers, then continues: nothing is skipped or played twice.
-    """
-
-    def __init__(self) -> None:
-        self.next_local = 0
-        self.watermark = 0
-        self.settled_above: set[int] = set()
-        self.restart: deque[int] = deque()
-
-    def take(self) -> int:
-        """The next local group number to play (replays after a resume come first)."""
-        if self.restart:
-            return self.restart.popleft()
-        self.next_local += 1
-        return self.next_local - 1
-
-    def settle(self, local: int) -> None:
-        if local < self.watermark or local in self.settled_above:
-            return
-        self.settled_above.add(local)
-        while self.watermark in self.settled_above:
-            self.settled_above.remove(self.watermark)
-            self.watermark += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_local": self.next_local, "watermark": self.watermark, "settled_above": sorted(self.settled_above)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_local, self.watermark = state["next_local"], state["watermark"]
-        self.settled_above = set(state["settled_above"])
-        self.restart = deque(i for i in range(self.watermark, self.next_local) if i not in self.settled_above)
 
 
 @dataclass(eq=False)

@@ -16,11 +16,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from roll_lightning.envs import EnvOutage
+from roll_lightning.envs import EnvOutage, EnvSession
 from roll_lightning.rollout.episode import EpisodeBuilder
+from roll_lightning.rollout.failures import RETRYABLE
 from roll_lightning.rollout.filters import GroupSelection
 from roll_lightning.rollout.groups import Group
-from roll_lightning.rollout.scheduler import RETRYABLE
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.scheduler import RolloutScheduler
@@ -47,26 +47,23 @@ async def collect_lockstep(scheduler: RolloutScheduler, selections: list[GroupSe
 async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
     cfg = s.config
     members = [(g, m) for g in groups for m in range(g.size)]
-    opened = await asyncio.gather(*(s._session(s.lanes[g.lane]) for g, _ in members), return_exceptions=True)
+    opened = await asyncio.gather(*(s.open_session(s.lanes[g.lane]) for g, _ in members), return_exceptions=True)
     failed: set[int] = set()
-    builders: list[EpisodeBuilder | None] = []
-    for (group, member), session in zip(members, opened, strict=True):
+    playing: dict[int, tuple[EnvSession, EpisodeBuilder]] = {}  # member position -> its session and episode
+    for i, ((group, member), session) in enumerate(zip(members, opened, strict=True)):
         if isinstance(session, EnvOutage):
             raise session
         if isinstance(session, BaseException):
             _fail(s, failed, group, session)
-            builders.append(None)
             continue
-        builders.append(s.builder(s.lanes[group.lane], session, s.new_episode(group, member)))
-    sessions = [x if not isinstance(x, BaseException) else None for x in opened]
+        playing[i] = (session, s.builder(s.lanes[group.lane], session, s.new_episode(group, member)))
 
     def live() -> list[int]:
-        return [i for i, b in enumerate(builders) if b is not None and members[i][0].index not in failed]
+        return [i for i in playing if members[i][0].index not in failed]
 
     started = time.perf_counter()
     resets = await asyncio.gather(
-        *(sessions[i].reset(seed=members[i][0].seed) for i in live()),
-        return_exceptions=True,  # type: ignore[union-attr]
+        *(playing[i][0].reset(seed=members[i][0].seed) for i in live()), return_exceptions=True
     )
     for i, outcome in zip(live(), resets, strict=True):
         if isinstance(outcome, RETRYABLE):
@@ -74,15 +71,15 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
         elif isinstance(outcome, BaseException):
             raise outcome
         else:
-            builders[i].start(outcome, time.perf_counter() - started)  # type: ignore[union-attr]
+            playing[i][1].start(outcome, time.perf_counter() - started)
     while True:
-        requests = {i: r for i in live() if (r := builders[i].next_request()) is not None}  # type: ignore[union-attr]
+        requests = {i: r for i in live() if (r := playing[i][1].next_request()) is not None}
         if not requests:
             break
         t0 = time.perf_counter()
         replies = await asyncio.gather(
             *(
-                asyncio.wait_for(s.generate(p, params, key=builders[i].episode.traj_key), cfg.turn_timeout_s)  # type: ignore[union-attr]
+                asyncio.wait_for(s.generate(p, params, key=playing[i][1].episode.traj_key), cfg.turn_timeout_s)
                 for i, (p, params) in requests.items()
             ),
             return_exceptions=True,
@@ -95,12 +92,9 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
             elif isinstance(reply, BaseException):
                 raise reply
             else:
-                actions[i] = builders[i].record_reply(reply, t1 - t0)  # type: ignore[union-attr]
+                actions[i] = playing[i][1].record_reply(reply, t1 - t0)
         stepping = [i for i in actions if members[i][0].index not in failed]
-        outcomes = await asyncio.gather(
-            *(sessions[i].step(actions[i]) for i in stepping),
-            return_exceptions=True,  # type: ignore[union-attr]
-        )
+        outcomes = await asyncio.gather(*(playing[i][0].step(actions[i]) for i in stepping), return_exceptions=True)
         t2 = time.perf_counter()
         for i, outcome in zip(stepping, outcomes, strict=True):
             if isinstance(outcome, RETRYABLE):
@@ -108,14 +102,12 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
-                builders[i].record_step(outcome, t2 - t1)  # type: ignore[union-attr]
+                playing[i][1].record_step(outcome, t2 - t1)
     wall = time.perf_counter() - started
-    for i, (group, _member) in enumerate(members):
-        session, builder = sessions[i], builders[i]
-        if session is None or builder is None:
-            continue
+    for i, (session, builder) in playing.items():
+        group = members[i][0]
         if group.index in failed:
-            s._discard(session)
+            s.discard_session(session)
             continue
         lane = s.lanes[group.lane]
         lane.idle_sessions.append(session)
@@ -129,8 +121,8 @@ def _fail(s: RolloutScheduler, failed: set[int], group: Group, err: BaseExceptio
         return
     failed.add(group.index)
     lane = s.lanes[group.lane]
-    outage = s.note_failure(err, lane)
+    outage = s.failures.note(err, lane)
     if lane.queue.drop(group.index, "failed") is not None:
         s.settle(group)
         if not outage:
-            s._count_failed_group()
+            s.failures.group_dropped()

@@ -9,68 +9,48 @@ Several envs (``rollout.envs``): each is a lane (`lanes.py`) with its own groups
 a batch holds exactly each lane's share of groups, lane by lane in config order, and new groups are started
 round-robin over the lanes that still miss some, so no env waits behind another for running slots.
 
-Faults: a failed episode (`EpisodeFailed` from the env client, a turn or episode deadline) is replayed on a
-fresh session with the same seed, after a backoff that doubles with each failure; when its retries run out the
-whole group is dropped and replaced. A failure while every env endpoint is down is not the episode's fault and
-uses no retry: the replay waits in `EnvPool.open` for an endpoint to come back, and the pool's `EnvOutage`
-(down longer than ``envs.outage_timeout_s``) stops the run with one message. Nothing partial is ever returned,
-and `get_batch` raises rather than hangs when groups keep failing.
+The scheduler is the producer and the batch assembly; its other concerns are named parts, each in its file:
+
+- `gate.GenerationGate`: the suspend/resume gate every reply passes (``on_suspend: wait | abort``);
+- `failures.FailurePolicy`: replays, backoff, outages, and when failures stop the run;
+- `ledger.GroupLedger`: which groups this rank plays with which seeds, and what a resume plays again;
+- `groups.GroupQueue` and `groups.is_stale`: complete groups, and when a group is dropped.
+
+Nothing partial is ever returned, and `get_batch` raises rather than hangs when groups keep failing.
 
 Every episode task holds one running slot from its creation until it is done, however it ends (finished,
 failed, or cancelled before it ever ran): the slot is given back by the task's done-callback, which also wakes
 the producer, so `get_batch` never waits with nothing left that could wake it.
 
-Suspend (before a weight load or an engine sleep) closes the generation gate. With ``on_suspend: wait`` it then
-waits for the replies in flight; with ``abort`` it cancels them (each engine call runs as its own task, so only
-the request is cancelled, never the episode) and `generate` asks each of those turns again once the gate
-reopens, with the new weights. An aborted reply is never returned, so no partial tokens reach an episode and the
-env is stepped once per turn, with a whole reply. Both modes work the same in async and lock-step collection
-(both generate through the gate).
+Suspend (before a weight load or an engine sleep) closes the generation gate (`gate.py`); resume reopens it
+after dropping the groups the new policy version made too stale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
-import grpc
-import numpy as np
-
-from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed, EpisodesKeepFailing
+from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.engines.router import EngineRouter
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
+from roll_lightning.rollout.failures import REFUSED_CONFIG, RETRYABLE, FailurePolicy
 from roll_lightning.rollout.filters import GroupSelection, filter_metrics
-from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.gate import GenerationGate
+from roll_lightning.rollout.groups import Group, is_stale
 from roll_lightning.rollout.lanes import LaneState, lane_states
+from roll_lightning.rollout.ledger import GroupLedger, Split, group_seed
 from roll_lightning.rollout.metrics import batch_metrics
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = (EpisodeFailed, TimeoutError)
-# Session creation refused for these reasons fails the same way everywhere: a config error, not a fault.
-REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
-
-
-Split = Literal["train", "eval"]
-
-
-def group_seed(run_seed: int, group_index: int, split: Split = "train", salt: int | None = None) -> int:
-    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree.
-
-    Training seeds are even and evaluation seeds odd, so evaluation always plays starts training never saw.
-    ``salt`` (a tag's, see `tags.salt`) gives each env of a multi-env run its own seeds.
-    """
-    entropy = [run_seed, group_index] if salt is None else [run_seed, salt, group_index]
-    value = int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFF_FFFF)
-    return value | 1 if split == "eval" else value & ~1
+__all__ = ["RETRYABLE", "RolloutScheduler", "Split", "group_seed"]
 
 
 class RolloutScheduler:
@@ -102,21 +82,14 @@ class RolloutScheduler:
             "outage_waits": 0,  # failures while every endpoint was down: replayed without using a retry
             "turns_aborted": 0,  # replies cancelled by a suspend (on_suspend: abort); their turns are asked again
         }
+        self.gate = GenerationGate(engine, config.on_suspend, self.counters)
+        self.failures = FailurePolicy(config, self.counters, self.fail)
+        self.ledger = GroupLedger(self.lanes, seed=config.seed, rank=rank, world_size=world_size, split=split)
         self._episodes: set[asyncio.Task[None]] = set()  # each holds a running slot until done
         self._next_lane = 0  # where the producer's next round-robin round starts
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
-        self._generation_open = asyncio.Event()
-        self._generation_open.set()
-        self._in_flight = 0
-        self._requests: set[asyncio.Future[Generation]] = set()  # engine calls in flight (on_suspend: abort)
-        self._aborted: set[asyncio.Future[Generation]] = set()  # of those, the ones a suspend cancelled
-        self._drained = asyncio.Event()
-        self._drained.set()
         self._producer: asyncio.Task[None] | None = None
-        self._last_failure: BaseException | None = None
-        self._jitter = random.Random()  # backoff jitter only: never the run's seeded streams
-        self.batches = 0
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -151,8 +124,13 @@ class RolloutScheduler:
         batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
         batch.metrics["rollout/turns_redone"] = float(sum(t.redone > 0 for ep in episodes for t in ep.turns))
         batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
-        self.batches += 1
+        self.ledger.batches += 1
         return batch
+
+    @property
+    def batches(self) -> int:
+        """Batches handed out by this run (with the ones before a resume)."""
+        return self.ledger.batches
 
     def _shares(self, n_groups: int) -> list[int]:
         """Groups per lane for a batch of ``n_groups`` (each env's configured share, scaled exactly)."""
@@ -169,13 +147,7 @@ class RolloutScheduler:
         """Hold new replies (before weights change or the engine sleeps). The ones in flight: ``on_suspend:
         wait`` waits for them to finish; ``abort`` cancels them and returns without waiting for the engine, and
         their turns are asked again after `resume`. Either way no reply is in flight when this returns."""
-        self._generation_open.clear()
-        if self.config.on_suspend == "abort":
-            for request in list(self._requests):
-                if request.cancel():
-                    self._aborted.add(request)
-                    self.counters["turns_aborted"] += 1
-        await self._drained.wait()
+        await self.gate.close()
 
     async def resume(self) -> None:
         """Let generation go on (turns aborted by `suspend` are asked again now, with the engine's current
@@ -183,7 +155,7 @@ class RolloutScheduler:
         for lane in self.lanes:
             for group in lane.queue.expire(self.engine.policy_version):
                 self._abandon(group)
-        self._generation_open.set()
+        self.gate.open()
         self._kick.set()
 
     async def close(self) -> None:
@@ -201,31 +173,12 @@ class RolloutScheduler:
             lane.idle_sessions.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is in its sequence of groups (consumed or dropped groups are never replayed, started
-        but unconsumed ones are replayed after a resume, none is skipped), per env tag."""
-        return {
-            "lanes": {lane.tag: lane.sequence.state_dict() for lane in self.lanes},
-            "batches": self.batches,
-            "seed": self.config.seed,
-            "world_size": self.world_size,
-        }
+        """Where the run is in its sequence of groups, per env (`GroupLedger`): consumed or dropped groups are
+        never replayed, started but unconsumed ones are replayed after a resume, none is skipped."""
+        return self.ledger.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed") != self.config.seed or state.get("world_size") != self.world_size:
-            raise ValueError(
-                f"rollout state was saved with seed={state.get('seed')}, world_size={state.get('world_size')}; "
-                f"this run has seed={self.config.seed}, world_size={self.world_size}"
-            )
-        saved = state["lanes"] if "lanes" in state else {self.lanes[0].tag: state}  # before tags: one sequence
-        tags = [lane.tag for lane in self.lanes]
-        if sorted(saved) != sorted(tags):
-            raise ValueError(
-                f"rollout state was saved for the envs {sorted(saved)}; this run plays {sorted(tags)} "
-                "(data.rollout.envs tags must match to resume)"
-            )
-        for lane in self.lanes:
-            lane.sequence.load_state_dict(saved[lane.tag])
-        self.batches = state["batches"]
+        self.ledger.load_state_dict(state)
 
     @property
     def ready(self) -> int:
@@ -251,40 +204,11 @@ class RolloutScheduler:
     @property
     def generating(self) -> int:
         """Replies in flight now (requested from the engine, not yet answered)."""
-        return self._in_flight
+        return self.gate.generating
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        """The engine behind the suspend/resume gate (what episodes call). Returns only a whole reply: with
-        ``on_suspend: abort`` a reply a suspend cancelled is dropped and asked again, from the same prompt,
-        when the gate reopens (``extra["redone"]`` of the reply says how many times; 0 is left out)."""
-        redone = 0
-        while True:
-            await self._generation_open.wait()
-            self._in_flight += 1
-            self._drained.clear()
-            try:
-                if self.config.on_suspend == "wait":
-                    return await self.engine.generate(prompt_ids, params, key=key)
-                request = asyncio.ensure_future(self.engine.generate(prompt_ids, params, key=key))
-                request.add_done_callback(_retrieve)
-                self._requests.add(request)
-                try:
-                    await asyncio.wait([request])  # not `await request`: a suspend cancels the request only
-                finally:
-                    self._requests.discard(request)
-                    aborted = request in self._aborted
-                    self._aborted.discard(request)
-                    request.cancel()  # this call itself was cancelled (group dropped, turn deadline); else a no-op
-            finally:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._drained.set()
-            if not (aborted and request.cancelled()):
-                generation = request.result()  # the engine's own error (or a cancellation not ours) raises here
-                if redone:
-                    generation = replace(generation, extra={**generation.extra, "redone": redone})
-                return generation
-            redone += 1  # cancelled by a suspend: ask again once the gate reopens
+        """The engine behind the suspend/resume gate (what episodes call): `GenerationGate.generate`."""
+        return await self.gate.generate(prompt_ids, params, key=key)
 
     # -- partial overlap (the seeds' shrink_sampler / expand_sampler) --------------------------------
 
@@ -310,16 +234,13 @@ class RolloutScheduler:
     # -- groups --------------------------------------------------------------------------------------
 
     def new_group(self, lane: LaneState) -> Group:
-        local = lane.sequence.take()
-        index = local * self.world_size + self.rank
-        seed = group_seed(self.config.seed, index, self.split, lane.lane.seed_salt)
-        group = Group(index, seed, self.config.group_size, self.engine.policy_version, lane=lane.position)
+        group = self.ledger.new_group(lane, self.config.group_size, self.engine.policy_version)
         lane.queue.add(group)
         return group
 
     def settle(self, group: Group) -> None:
         """``group`` is consumed or dropped: a resume never plays it again."""
-        self.lanes[group.lane].sequence.settle(group.index // self.world_size)
+        self.ledger.settle(group)
 
     async def _take(self, lane: LaneState, selection: GroupSelection) -> None:
         """Collect complete, fresh groups of ``lane`` into ``selection`` until it needs no more. The producer's
@@ -332,7 +253,7 @@ class RolloutScheduler:
         try:
             while selection.missing:
                 for group in await lane.queue.take(1):
-                    if self.engine.policy_version - group.policy_version > self.config.max_staleness:
+                    if is_stale(self.engine.policy_version, group.policy_version, self.config.max_staleness):
                         lane.queue.counters["dropped_stale"] += 1
                         self.settle(group)
                     else:
@@ -357,7 +278,7 @@ class RolloutScheduler:
         while True:
             await self._kick.wait()
             self._kick.clear()
-            while self._generation_open.is_set():  # one new group per lane that misses some, round-robin
+            while self.gate.is_open:  # one new group per lane that misses some, round-robin
                 order = self.lanes[self._next_lane :] + self.lanes[: self._next_lane]
                 waiting = [lane for lane in order if len(lane.queue.live) < self._wanted(lane)]
                 started = 0
@@ -392,7 +313,7 @@ class RolloutScheduler:
         try:
             episode = await self.play_member(group, member)
             if episode is not None and self.lanes[group.lane].queue.put(group.index, episode):
-                self.counters["groups_failed_in_a_row"] = 0
+                self.failures.group_completed()
                 for task in group.tasks:
                     if task is not asyncio.current_task() and not task.done():
                         task.cancel()
@@ -415,12 +336,12 @@ class RolloutScheduler:
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
-                session = await self._session(lane)
+                session = await self.open_session(lane)
                 builder = self.builder(lane, session, episode)
                 async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
                     result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
             except EnvOutage:
-                self._discard(session)
+                self.discard_session(session)
                 raise
             except RETRYABLE as err:
                 if session is None and isinstance(err, EpisodeFailed) and err.code in REFUSED_CONFIG:
@@ -428,30 +349,29 @@ class RolloutScheduler:
                         f"the env servers refused {lane.lane.key}.env_id={lane.lane.env_id!r} with "
                         f"{lane.lane.key}.env_config={lane.lane.env_config}: {err.detail}"
                     ) from err
-                self._discard(session)
+                self.discard_session(session)
                 failures += 1
                 if group.finished:
                     return None
-                if self.note_failure(err, lane) or (isinstance(err, EpisodeFailed) and err.draining):
+                if self.failures.note(err, lane) or (isinstance(err, EpisodeFailed) and err.draining):
                     attempts -= 1  # the outage's (or a drain's) fault, not the episode's: replayed elsewhere
                 elif attempts > self.config.episode_retries:
                     log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
                     dropped = lane.queue.drop(group.index, "failed")
                     if dropped is not None:
                         self._abandon(dropped)
-                        self._count_failed_group()
+                        self.failures.group_dropped()
                     return None
                 else:
                     self.counters["episode_retries"] += 1
-                await asyncio.sleep(self._backoff_s(failures))
+                await asyncio.sleep(self.failures.backoff_s(failures))
                 continue
             except BaseException:
-                self._discard(session)
+                self.discard_session(session)
                 raise
             finally:
-                release = getattr(self.engine, "release", None)
-                if release is not None:
-                    release(episode.traj_key)
+                if isinstance(self.engine, EngineRouter):
+                    self.engine.release(episode.traj_key)  # its replica slot in the router's balance
             lane.idle_sessions.append(session)
             self.counters["episodes"] += 1
             return result
@@ -466,56 +386,28 @@ class RolloutScheduler:
         stops = self.stop_ids | set(settings.sampling.stop_token_ids)
         return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops)
 
-    def note_failure(self, err: BaseException, lane: LaneState) -> bool:
-        """Record a failed episode; True when no endpoint serving its env is up (an outage, not the episode's
-        fault)."""
-        self._last_failure = err
-        if isinstance(err, EpisodeFailed) and err.infrastructure and lane.in_outage():
-            self.counters["outage_waits"] += 1
-            return True
-        return False
-
-    def _backoff_s(self, failures: int) -> float:
-        """Wait before replay ``failures``: ``retry_backoff_s`` doubling per failure, at most 30 s, with jitter."""
-        base = min(30.0, self.config.retry_backoff_s * 2 ** (failures - 1))
-        return base * (0.5 + 0.5 * self._jitter.random())
-
-    def _count_failed_group(self) -> None:
-        self.counters["groups_failed_in_a_row"] += 1
-        if self.counters["groups_failed_in_a_row"] >= self.config.max_failed_groups_in_a_row:
-            self.fail(
-                EpisodesKeepFailing(
-                    f"{int(self.counters['groups_failed_in_a_row'])} groups in a row were dropped because their "
-                    f"episodes kept failing; last error: {self._last_failure!r}"
-                )
-            )
-
     def _abandon(self, group: Group) -> None:
         self.settle(group)
         for task in group.tasks:
             if task is not asyncio.current_task() and not task.done():
                 task.cancel()
 
-    async def _session(self, lane: LaneState) -> EnvSession:
+    async def open_session(self, lane: LaneState) -> EnvSession:
+        """An idle session of ``lane`` whose server still takes episodes, or a new one."""
         while lane.idle_sessions:
             session = lane.idle_sessions.pop()
             if session.endpoint.accepting and not session.endpoint.ejected:
                 return session
-            self._discard(session)  # its server is draining or down: new episodes go elsewhere
+            self.discard_session(session)  # its server is draining or down: new episodes go elsewhere
         return await lane.pool.open(lane.lane.env_id, lane.lane.env_config, tag=f"rank{self.rank}")
 
-    def _discard(self, session: EnvSession | None) -> None:
+    def discard_session(self, session: EnvSession | None) -> None:
+        """Close ``session`` in the background (its episode failed, or its server stopped taking episodes)."""
         if session is None:
             return
         task = asyncio.create_task(session.close())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _retrieve(request: asyncio.Future[Generation]) -> None:
-    """Mark an aborted or abandoned engine call's outcome as seen (no "exception was never retrieved")."""
-    if not request.cancelled():
-        request.exception()
 
 
 async def _first_error(coros: list[Coroutine[Any, Any, None]]) -> None:

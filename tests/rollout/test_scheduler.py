@@ -7,6 +7,7 @@ env servers are real gRPC servers on 127.0.0.1. The real-model path is in test_r
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import Counter
 from typing import Any
 
@@ -238,12 +239,22 @@ async def test_ranks_play_disjoint_groups(pool: EnvPool, tokenizer: Any) -> None
     assert {g.split("/")[1] for g in batches[0]} == {"g0", "g2"}
 
 
+class KeyedEngine(SimulatedEngine):
+    """`SimulatedEngine` (a scheduling stand-in) whose reply depends only on the conversation and its turn, not on
+    the order requests arrive in: async and lock-step collection then play the very same moves."""
+
+    async def generate(self, prompt_ids: Any, params: SamplingParams, *, key: str = "") -> Any:
+        self._rng.seed(zlib.crc32(f"{key}/{len(prompt_ids)}".encode()))
+        return await super().generate(prompt_ids, params, key=key)
+
+
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 async def test_lockstep_mode_plays_the_same_groups_as_async(pool: EnvPool, tokenizer: Any, layout: str) -> None:
     episode = EpisodeSettings(layout=layout, max_turns=3, max_context_tokens=2048)  # type: ignore[arg-type]
     results = {}
     for mode in ("async", "lockstep"):
-        scheduler = RolloutScheduler(pool, engine(tokenizer), tokenizer, config(mode=mode, episode=episode))
+        keyed = KeyedEngine(tokenizer, MOVES, latency_s=0.005)
+        scheduler = RolloutScheduler(pool, keyed, tokenizer, config(mode=mode, episode=episode))
         try:
             batch = await scheduler.get_batch()
         finally:

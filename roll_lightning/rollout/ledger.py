@@ -1,0 +1,113 @@
+"""`GroupLedger`: which groups a rank plays, with which seeds, and what a resume must play again.
+
+Rank r of W plays each env's groups r, r+W, r+2W, ... (its *local* numbers 0, 1, 2, ... times W plus r), and a
+group's env seed is a pure function of the run seed, its global index and its env (`group_seed`), so a resume
+and every rank agree without talking. Per env, a `GroupSequence` remembers which local numbers were started and
+which were settled (consumed by a batch, filtered out, or dropped). A resume plays exactly the started but
+unsettled ones again, first, then goes on: no group is skipped or played twice. That sequence is the rollout's
+part of a checkpoint (`state_dict`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from roll_lightning.rollout.groups import Group
+
+if TYPE_CHECKING:
+    from roll_lightning.rollout.lanes import LaneState
+
+Split = Literal["train", "eval"]
+
+
+def group_seed(run_seed: int, group_index: int, split: Split = "train", salt: int | None = None) -> int:
+    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree.
+
+    Training seeds are even and evaluation seeds odd, so evaluation always plays starts training never saw.
+    ``salt`` (a tag's, see `tags.salt`) gives each env of a multi-env run its own seeds.
+    """
+    entropy = [run_seed, group_index] if salt is None else [run_seed, salt, group_index]
+    value = int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFF_FFFF)
+    return value | 1 if split == "eval" else value & ~1
+
+
+class GroupSequence:
+    """Which local group numbers an env has started and settled (consumed or dropped).
+
+    Every number below the watermark is settled; ``settled_above`` holds the settled ones above it. A resume
+    restarts exactly the started-but-unsettled numbers, then continues: nothing is skipped or played twice.
+    """
+
+    def __init__(self) -> None:
+        self.next_local = 0
+        self.watermark = 0
+        self.settled_above: set[int] = set()
+        self.restart: deque[int] = deque()
+
+    def take(self) -> int:
+        """The next local group number to play (replays after a resume come first)."""
+        if self.restart:
+            return self.restart.popleft()
+        self.next_local += 1
+        return self.next_local - 1
+
+    def settle(self, local: int) -> None:
+        if local < self.watermark or local in self.settled_above:
+            return
+        self.settled_above.add(local)
+        while self.watermark in self.settled_above:
+            self.settled_above.remove(self.watermark)
+            self.watermark += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_local": self.next_local, "watermark": self.watermark, "settled_above": sorted(self.settled_above)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_local, self.watermark = state["next_local"], state["watermark"]
+        self.settled_above = set(state["settled_above"])
+        self.restart = deque(i for i in range(self.watermark, self.next_local) if i not in self.settled_above)
+
+
+class GroupLedger:
+    def __init__(self, lanes: list[LaneState], *, seed: int, rank: int, world_size: int, split: Split) -> None:
+        self.lanes, self.seed, self.rank, self.world_size, self.split = lanes, seed, rank, world_size, split
+        self.batches = 0  # batches handed out (kept in the checkpoint)
+
+    def new_group(self, lane: LaneState, size: int, version: int) -> Group:
+        """The lane's next group (a replay after a resume first), started at policy ``version``."""
+        index = lane.sequence.take() * self.world_size + self.rank
+        seed = group_seed(self.seed, index, self.split, lane.lane.seed_salt)
+        return Group(index, seed, size, version, lane=lane.position)
+
+    def settle(self, group: Group) -> None:
+        """``group`` is consumed or dropped: a resume never plays it again."""
+        self.lanes[group.lane].sequence.settle(group.index // self.world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is in its sequence of groups, per env tag."""
+        return {
+            "lanes": {lane.tag: lane.sequence.state_dict() for lane in self.lanes},
+            "batches": self.batches,
+            "seed": self.seed,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed or state.get("world_size") != self.world_size:
+            raise ValueError(
+                f"rollout state was saved with seed={state.get('seed')}, world_size={state.get('world_size')}; "
+                f"this run has seed={self.seed}, world_size={self.world_size}"
+            )
+        saved = state["lanes"] if "lanes" in state else {self.lanes[0].tag: state}  # before tags: one sequence
+        tags = [lane.tag for lane in self.lanes]
+        if sorted(saved) != sorted(tags):
+            raise ValueError(
+                f"rollout state was saved for the envs {sorted(saved)}; this run plays {sorted(tags)} "
+                "(data.rollout.envs tags must match to resume)"
+            )
+        for lane in self.lanes:
+            lane.sequence.load_state_dict(saved[lane.tag])
+        self.batches = state["batches"]

@@ -4,7 +4,7 @@
 Shared values are linked, not repeated: the data module generates with the model the module trains
 (``model.model`` → ``data.model``) and the trainer's log-probs use the sampling temperature
 (``data.rollout.episode.sampling.temperature`` → ``model.algorithm.temperature``), and the engine is built for
-the policy's LoRA rank (``model.lora.rank`` → ``data.engine.max_lora_rank``). Settings that cannot work
+the policy's LoRA adapters (``model.lora.rank`` and ``sync`` → ``data.engine.max_lora_rank``). Settings that cannot work
 together fail here, before any server or model starts, naming the key.
 
 SIGTERM stops a run soon (the rollout in flight is abandoned, see `roll_lightning.rollout.datamodule`) and exits
@@ -39,7 +39,10 @@ class RollLightningCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model", "data.model")
         parser.link_arguments("data.rollout.episode.sampling.temperature", "model.algorithm.temperature")
-        parser.link_arguments("model.lora.rank", "data.engine.max_lora_rank")  # vLLM serves the policy's adapters
+        from roll_lightning.training.config import engine_lora_rank
+
+        # vLLM is built to serve the policy's adapters (model.lora.sync: adapters)
+        parser.link_arguments(("model.lora.rank", "model.lora.sync"), "data.engine.max_lora_rank", engine_lora_rank)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

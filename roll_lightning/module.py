@@ -40,6 +40,7 @@ from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.correction import Correction, importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
@@ -85,7 +86,7 @@ class AgentRLModule(L.LightningModule):
         self.algorithm = algorithm
         self.objective: Objective = algorithm.objective  # the loss, assembled once (algorithms/objective.py)
         self.optim = optim
-        self.param_dtype = dtype
+        self.compute_dtype = dtype
         if rollout_steps is not None and rollout_steps < 1:  # a run of 0 or -1 steps would train one and exit 0
             raise TrainingConfigError(
                 f"model.rollout_steps must be >= 1, or null (trainer.max_steps decides), got {rollout_steps}"
@@ -107,7 +108,10 @@ class AgentRLModule(L.LightningModule):
         self.actor: torch.nn.Module | None = None
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
-        self.rollout_steps = 0
+        self.steps_done = 0  # rollout batches trained on (the limit is rollout_steps_limit)
+        from roll_lightning.callbacks.gpu_handoff import GPUHandoff  # (callbacks import this module)
+
+        self.handoff = GPUHandoff()  # the GPU handoff: a callback (see configure_callbacks) this module also calls
         self.last_batch: RolloutBatch | None = None
         self.last_row_advantages: list[float] | None = None  # the last batch's, one per row (TrajectoryDump)
         self._measure_gap = False
@@ -145,7 +149,7 @@ class AgentRLModule(L.LightningModule):
             mesh = self.device_mesh["data_parallel"]
             for module in (self.actor, self.critic, self.reference):
                 if module is not None:
-                    shard_fsdp2(module, mesh, self.param_dtype)
+                    shard_fsdp2(module, mesh, self.compute_dtype)
 
     def configure_optimizers(self) -> Any:
         groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": self.optim.lr}]
@@ -163,14 +167,11 @@ class AgentRLModule(L.LightningModule):
         started = time.perf_counter()
         batch, _, _ = next(dataloader_iter)  # the rollout happens here
         rollout_s = time.perf_counter() - started
-        for callback in self.trainer.callbacks:  # a hook of ours: the engine may sleep now (see callbacks/)
-            hook = getattr(callback, "on_rollout_end", None)
-            if hook is not None:
-                hook(self.trainer, self, batch)
+        self.handoff.on_rollout_end(self.trainer, self, batch)  # the engine may sleep now (callbacks/gpu_handoff.py)
         batch = batch.to(self.device)
         self.last_batch, self.last_row_advantages = batch, None
         started = time.perf_counter()
-        autocast = self.param_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
+        autocast = self.compute_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             metrics = self.update(batch)
         metrics["timing/train_s"] = time.perf_counter() - started
@@ -178,11 +179,11 @@ class AgentRLModule(L.LightningModule):
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
         metrics["timing/elapsed_s"] = time.perf_counter() - self.fit_started  # wall time since this fit began
-        self.rollout_steps += 1
+        self.steps_done += 1
         self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
         # One step number everywhere: every logger's x axis is the rollout step, counted from 1 as trajectory dumps
         # and the terminal count it ("step" is the key Lightning's loggers take their step from)
-        self.log("step", float(self.rollout_steps), on_step=True, batch_size=len(batch))
+        self.log("step", float(self.steps_done), on_step=True, batch_size=len(batch))
         if self.stopping:
             self.trainer.should_stop = True
 
@@ -218,7 +219,7 @@ class AgentRLModule(L.LightningModule):
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
         steps = 0
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rollout_steps)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.steps_done)
         rows = self._adjust(len(batch), algo.mini_batches, generator)
         out["train/rows"] = float(len(rows))
         for _epoch in range(algo.ppo_epochs):
@@ -369,18 +370,17 @@ class AgentRLModule(L.LightningModule):
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
-        self.log("step", float(self.rollout_steps), batch_size=len(batch.episode_metrics))  # the x axis, as above
+        self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics))  # the x axis, as above
         if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(self._reduced(metrics))
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
         self.fit_started = time.perf_counter()
-        datamodule = getattr(self.trainer, "datamodule", None)
-        evaluation = getattr(datamodule, "evaluation", None)
-        if evaluation is None or not evaluation.at_fit_start or self.rollout_steps > 0:
+        rollout = rollout_of(self.trainer)
+        if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
             return
-        reduced = self._reduced(eval_metrics(datamodule.evaluate()))
+        reduced = self._reduced(eval_metrics(rollout.evaluate()))
         # Lightning's own logging only flushes validation results inside its loops, hence the loggers directly.
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
@@ -395,11 +395,11 @@ class AgentRLModule(L.LightningModule):
         """Record a held-out evaluation during fit; `RunProgress` prints it, or the log when there is no bar."""
         from roll_lightning.callbacks.progress import RunProgress
 
-        if self.eval_reports and self.eval_reports[-1].step == self.rollout_steps:
+        if self.eval_reports and self.eval_reports[-1].step == self.steps_done:
             return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
         minutes = (time.perf_counter() - self.fit_started) / 60
         first = self.eval_reports[0] if self.eval_reports else None
-        report = EvalReport.of(self.rollout_steps, metrics, minutes, first)
+        report = EvalReport.of(self.steps_done, metrics, minutes, first)
         self.eval_reports.append(report)
         if not isinstance(self.trainer.progress_bar_callback, RunProgress):
             from lightning.pytorch.utilities import rank_zero_info
@@ -409,16 +409,22 @@ class AgentRLModule(L.LightningModule):
     @property
     def stopping(self) -> bool:
         """The step just trained is the run's last by ``rollout_steps``."""
-        return self.rollout_steps_limit is not None and self.rollout_steps >= self.rollout_steps_limit
+        return self.rollout_steps_limit is not None and self.steps_done >= self.rollout_steps_limit
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
-        from roll_lightning.callbacks import GPUHandoff, WeightSync
+        from roll_lightning.callbacks import WeightSync
 
-        return [GPUHandoff(), WeightSync(bucket_bytes=self.sync_bucket_bytes)]
+        return [self.handoff, WeightSync(bucket_bytes=self.sync_bucket_bytes)]  # in this order (see GPUHandoff)
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the policy's weights: the rollout batches trained on (what the engine is loaded with
+        after each sync, and what staleness is counted in)."""
+        return self.steps_done
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rollout_steps"] = self.rollout_steps
+        checkpoint["rollout_steps"] = self.steps_done
         checkpoint["eval_reports"] = [report.to_dict() for report in self.eval_reports]
         if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on, and its layout
             from roll_lightning.training.lora import trainable_keys
@@ -441,7 +447,7 @@ class AgentRLModule(L.LightningModule):
                     "the checkpoint was not written with this model.lora (its adapters differ, or it trained every"
                     f" weight): it holds {checkpoint.get('lora', {}).get('config')}, this run has {self.lora}"
                 )
-        self.rollout_steps = checkpoint.get("rollout_steps", 0)
+        self.steps_done = checkpoint.get("rollout_steps", 0)
         self.eval_reports = [EvalReport(**report) for report in checkpoint.get("eval_reports", [])]
 
 

@@ -123,7 +123,7 @@ def main(config_path: str, out_prefix: str) -> None:
 
     class Timed(AgentRLModule):
         def update(self, batch: RolloutBatch) -> dict[str, float]:
-            step = self.rollout_steps
+            step = self.steps_done
             self.algorithm = variants[schedule[step]]
             self.trainer.strategy.barrier()
             ng = [0.0]

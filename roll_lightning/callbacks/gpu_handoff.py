@@ -16,13 +16,15 @@ Partial overlap (``data.colocate: partial``, ROLL's shrink/expand sampler): the 
 (``train`` in ``data.engine.devices``) are shrunk when the batch is in (their replies in flight are asked again
 of the other replicas, which keep generating within ``max_staleness``; they sleep, freeing the device), and
 expanded after the update; they serve again once `WeightSync`'s load, which follows at once, gave them the new
-weights. This callback comes before `WeightSync` in the module's callbacks, so the expand precedes the load.
+weights.
 
 The optimiser state goes to the CPU only when the engine needs the memory (colocated on a GPU), and comes
 back before every optimiser step. (Before this table existed, disaggregated CUDA runs moved it to the CPU
-before each step and never back, so AdamW stepped GPU parameters with CPU state.) `WeightSync` wakes the
-engine before loading new weights when the plan put it to sleep. Device operations go through `DeviceOps`, so
-tests run the CUDA rows on a CPU with a recording stand-in.
+before each step and never back, so AdamW stepped GPU parameters with CPU state.) After the update this callback
+wakes the engine it put to sleep (or expands what it shrank), before `WeightSync` loads the new weights: the
+module lists it first among its callbacks, and calls `on_rollout_end` itself, between the rollout and the
+update. ``data.colocate`` is the datamodule's setting, read here only. Device operations go through
+`DeviceOps`, so tests run the CUDA rows on a CPU with a recording stand-in.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import lightning as L
 import torch
 
 from roll_lightning.callbacks.device_ops import DeviceOps, TorchDeviceOps
+from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.engines.placement import TRAIN
 
 log = logging.getLogger(__name__)
@@ -71,7 +74,8 @@ class GPUHandoff(L.Callback):
         self._warned = False
 
     def plan(self, trainer: L.Trainer, pl_module: L.LightningModule) -> HandoffPlan:
-        colocate = getattr(trainer.datamodule, "colocate", True)
+        rollout = rollout_of(trainer)
+        colocate = rollout.colocate if rollout is not None else False  # no rollout: nothing to hand over
         return plan_handoff(torch.device(self.ops.device(pl_module)).type, colocate)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -80,10 +84,10 @@ class GPUHandoff(L.Callback):
                 self.ops.move_optimizer_state(optimizer, "cpu")
 
     def on_rollout_end(self, trainer: L.Trainer, pl_module: Any, batch: Any) -> None:
-        datamodule = trainer.datamodule
-        engine = getattr(datamodule, "engine", None)
+        """Called by the module between the rollout and the update (not a Lightning hook)."""
+        datamodule = rollout_of(trainer)
         plan = self.plan(trainer, pl_module)
-        if engine is None or not (plan.sleep_engine or plan.shrink_shared):
+        if datamodule is None or not (plan.sleep_engine or plan.shrink_shared):
             return  # disaggregated: generation goes on during training, within the staleness bound
         started = time.perf_counter()
         if plan.shrink_shared:  # the other replicas keep generating
@@ -98,7 +102,7 @@ class GPUHandoff(L.Callback):
 
             async def handoff() -> None:
                 await datamodule.scheduler.suspend()
-                await engine.sleep()
+                await datamodule.engine.sleep()
 
             datamodule.call(handoff())
         if plan.offload_optimizer:
@@ -112,10 +116,17 @@ class GPUHandoff(L.Callback):
         pl_module.log("timing/handoff_s", time.perf_counter() - started, on_step=True, batch_size=len(batch))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Partial overlap: give the `train` replicas back to generation (before `WeightSync` loads them)."""
-        if self.plan(trainer, pl_module).shrink_shared and trainer.datamodule.engine is not None:
-            started = time.perf_counter()
-            moved = trainer.datamodule.call(trainer.datamodule.scheduler.expand_sampler([TRAIN]))
+        """Give the device back to generation before `WeightSync` loads the new weights: wake the engine that
+        slept (colocated), or expand the `train` replicas (partial overlap)."""
+        rollout, plan = rollout_of(trainer), self.plan(trainer, pl_module)
+        if rollout is None:
+            return
+        started = time.perf_counter()
+        if plan.sleep_engine:
+            rollout.call(rollout.engine.wake())
+            pl_module.log("timing/wake_s", time.perf_counter() - started, on_step=True, batch_size=1)
+        elif plan.shrink_shared:
+            moved = rollout.call(rollout.scheduler.expand_sampler([TRAIN]))
             pl_module.log("timing/expand_s", time.perf_counter() - started, on_step=True, batch_size=1)
             self._log_moved(pl_module, "expand", moved, 1)
 

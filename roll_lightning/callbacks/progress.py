@@ -84,8 +84,8 @@ class RunProgress(ProgressBar):
         left = _seconds_left(trainer)
         if left is not None:
             text += f" or {clock(left)}, whichever comes first"
-        if module.rollout_steps:
-            text += f", resuming after step {module.rollout_steps}"
+        if module.steps_done:
+            text += f", resuming after step {module.steps_done}"
         return text + f" -> {trainer.default_root_dir}"
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -98,7 +98,7 @@ class RunProgress(ProgressBar):
         if self.is_terminal or now - self._last_print >= self.every_s or module.stopping:
             self._last_print = now
             self._write(self.line(trainer, module), final=not self.is_terminal)
-            self._last_step_shown = module.rollout_steps
+            self._last_step_shown = module.steps_done
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.print_evals(_agent(pl_module))
@@ -106,9 +106,9 @@ class RunProgress(ProgressBar):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         module = _agent(pl_module)
         self.print_evals(module)
-        if self._line_open or self._last_step_shown != module.rollout_steps:  # the last step, whatever ended it
+        if self._line_open or self._last_step_shown != module.steps_done:  # the last step, whatever ended it
             self._write(self.line(trainer, module), final=True)
-            self._last_step_shown = module.rollout_steps
+            self._last_step_shown = module.steps_done
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self._line_open:  # leave the last progress line in place, and what follows on a line of its own
@@ -125,7 +125,7 @@ class RunProgress(ProgressBar):
 
     def line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        done, total = module.rollout_steps, module.rollout_steps_limit
+        done, total = module.steps_done, module.rollout_steps_limit
         elapsed = time.perf_counter() - module.fit_started
         parts = [f"step {done}/{total} ({100 * done / total:.0f}%)" if total else f"step {done}"]
         parts[0] += f" {clock(elapsed)}"

@@ -90,7 +90,7 @@ class RunSummary(L.Callback):
         head = f"run: {_shown(trainer.default_root_dir)}"
         if isinstance(pl_module, AgentRLModule):
             seconds = time.perf_counter() - pl_module.fit_started
-            head += f" ({pl_module.rollout_steps} rollout steps in {clock(seconds)}{', stopped' if stopped else ''})"
+            head += f" ({pl_module.steps_done} rollout steps in {clock(seconds)}{', stopped' if stopped else ''})"
         rows: list[tuple[str, str]] = []
         for logger in trainer.loggers:
             if isinstance(logger, CSVLogger):

@@ -162,7 +162,7 @@ class TrajectoryDump(L.Callback):
         """
         Args:
             every_n_steps: dump rollout steps ``k`` with ``k % every_n_steps == 0`` (``k`` counts finished
-                rollout batches from 1: ``pl_module.rollout_steps``, or ``trainer.global_step`` for modules
+                rollout batches from 1: ``pl_module.steps_done``, or ``trainer.global_step`` for modules
                 without it).
             max_episodes: episodes per dump, one per group first (0: every episode of the batch).
             dirpath: output folder (used as is, like `ModelCheckpoint`'s); default:
@@ -190,7 +190,7 @@ class TrajectoryDump(L.Callback):
     ) -> None:
         if not trainer.is_global_zero:
             return
-        steps = getattr(pl_module, "rollout_steps", None)
+        steps = getattr(pl_module, "steps_done", None)
         step = steps if isinstance(steps, int) else trainer.global_step
         # A step that did not advance the counter (a skipped batch) must not dump the previous batch again.
         if step <= 0 or step % self.every_n_steps or step == self._last_step:

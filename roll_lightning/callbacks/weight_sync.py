@@ -20,7 +20,7 @@ against. The engine starts from the model folder, so after a checkpoint is resto
 ``validate --ckpt_path``) it is behind the module: the weights are loaded once more before training or
 evaluation starts.
 
-Logged each step: ``sync/total_s`` (suspend the rollout, wake the engine, stream, resume), ``sync/gather_s``
+Logged each step: ``sync/total_s`` (suspend the rollout, stream, resume), ``sync/gather_s``
 (making the buckets: the gathers under FSDP2), ``sync/load_s`` (waiting for the engine to load them),
 ``sync/bytes`` (streamed, a tied weight once; with adapters, theirs), ``sync/buckets``, ``sync/adapter`` (1 when
 the adapters went, not the weights) and ``sync/policy_version``.
@@ -33,12 +33,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 
+from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.engines.base import BucketFeed
+
+if TYPE_CHECKING:
+    from roll_lightning.module import AgentRLModule
 
 log = logging.getLogger(__name__)
 
@@ -150,47 +154,42 @@ class WeightSync(L.Callback):
             raise ValueError(f"WeightSync: bucket_bytes must be >= 1, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: AgentRLModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         timings = self._sync(trainer, pl_module)
         if timings is not None:
             pl_module.log_dict(timings, on_step=True, batch_size=1)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: AgentRLModule) -> None:
         self._catch_up(trainer, pl_module)
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+    def on_validation_start(self, trainer: L.Trainer, pl_module: AgentRLModule) -> None:
         self._catch_up(trainer, pl_module)
 
-    def _catch_up(self, trainer: L.Trainer, pl_module: Any) -> None:
+    def _catch_up(self, trainer: L.Trainer, pl_module: AgentRLModule) -> None:
         """Load the module's weights if the engine has older ones (a restored checkpoint); every rank decides
         alike, since the versions are the same on all of them."""
-        engine = getattr(trainer.datamodule, "engine", None)
-        if engine is not None and engine.policy_version != pl_module.rollout_steps:
+        rollout = rollout_of(trainer)
+        if rollout is not None and rollout.engine.policy_version != pl_module.policy_version:
+            engine = rollout.engine
             behind = engine.policy_version
             self._sync(trainer, pl_module)
             log.warning(
                 "WeightSync: the engine had policy version %d; loaded the restored %d", behind, engine.policy_version
             )
 
-    def _sync(self, trainer: L.Trainer, pl_module: Any) -> dict[str, float] | None:
-        datamodule = trainer.datamodule
-        engine = getattr(datamodule, "engine", None)
-        if engine is None or pl_module.actor is None:
+    def _sync(self, trainer: L.Trainer, pl_module: AgentRLModule) -> dict[str, float] | None:
+        """Suspend the rollout, stream the weights, resume. The engine is awake: `GPUHandoff` woke (or expanded)
+        it before this callback runs."""
+        rollout = rollout_of(trainer)
+        if rollout is None or pl_module.actor is None:
             return None
         started = time.perf_counter()
-        version = int(pl_module.rollout_steps)
-        scheduler = datamodule.scheduler
-
-        slept = getattr(datamodule, "colocate", True) is True  # `GPUHandoff` put it to sleep (partial: expanded)
-
-        async def prepare() -> None:
-            await scheduler.suspend()  # no reply may come from half-loaded weights
-            if slept:
-                await engine.wake()
-
-        datamodule.call(prepare())
-        stats = sync_actor(pl_module.actor, engine, version, self.bucket_bytes, datamodule.call)
-        datamodule.call(scheduler.resume())  # groups now too stale for `version` are dropped here
+        version = pl_module.policy_version
+        rollout.call(rollout.scheduler.suspend())  # no reply may come from half-loaded weights
+        stats = sync_actor(pl_module.actor, rollout.engine, version, self.bucket_bytes, rollout.call)
+        rollout.call(rollout.scheduler.resume())  # groups now too stale for `version` are dropped here
         done = time.perf_counter()
         return {
             "sync/total_s": done - started,

@@ -233,6 +233,22 @@ class RolloutDataModule(L.LightningDataModule):
             return False
 
 
+class SetUpRollout(RolloutDataModule):
+    """A `RolloutDataModule` after `setup`: what the callbacks see through `rollout_of` (for type checkers)."""
+
+    engine: GenerationEngine
+    scheduler: RolloutScheduler
+
+
+def rollout_of(trainer: L.Trainer) -> SetUpRollout | None:
+    """The run's rollout, set up: the one seam the callbacks reach the engine and the scheduler through. None
+    when the run's data is not a rollout (fixed batches in tests and benchmarks) or before `setup`."""
+    data = trainer.datamodule
+    if isinstance(data, RolloutDataModule) and data.engine is not None and data.scheduler is not None:
+        return data  # type: ignore[return-value]
+    return None
+
+
 def check_partial(engine: EngineConfig) -> None:
     """``data.colocate: partial`` needs replicas on the training device and replicas elsewhere."""
     devices = engine.devices or []

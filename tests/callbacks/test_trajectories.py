@@ -33,7 +33,7 @@ class RolloutModule(L.LightningModule):
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.bare = bare
         if not bare:
-            self.rollout_steps = 0
+            self.steps_done = 0
             self.last_batch: RolloutBatch | None = None
 
     def training_step(self, dataloader_iter: Any) -> None:
@@ -45,7 +45,7 @@ class RolloutModule(L.LightningModule):
         if not self.bare:
             self.last_batch = batch
             self.last_row_advantages = [10.0 * i for i in range(len(batch))]
-            self.rollout_steps += 1
+            self.steps_done += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD([self.weight], lr=0.1)

@@ -40,7 +40,7 @@ class EngineMatchesTrainer(L.Callback):
             logits = pl_module.actor(ids).logits[0, len(self.prompt) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(reply.token_ids)[:, None]).squeeze(-1)
         gap = float((torch.tensor(reply.logprobs) - expected).abs().max())
-        self.checked.append((reply.policy_version, pl_module.rollout_steps, gap))
+        self.checked.append((reply.policy_version, pl_module.steps_done, gap))
         self.replies.append(reply.token_ids)
         assert reply.token_ids[0] == int(logits[0].argmax())  # greedy agrees with the trainer's model
 

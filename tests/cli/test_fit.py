@@ -55,7 +55,7 @@ def test_every_shipped_config_parses_and_validates(
     assert cli.model.algorithm.temperature == rollout.episode.sampling.temperature
     assert Path(cli.model.model_path).is_dir() and cli.datamodule.model == cli.model.model_path
     if gpu:
-        assert cli.datamodule.engine_config.kind == "vllm" and cli.model.param_dtype == "bfloat16"
+        assert cli.datamodule.engine_config.kind == "vllm" and cli.model.compute_dtype == "bfloat16"
         assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
 
 

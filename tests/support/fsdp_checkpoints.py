@@ -51,7 +51,7 @@ def main(model_dir: str, root: str, distributed: str) -> None:
     module = AgentRLModule(model_dir, rollout_steps=3)
     resumed.fit(module, datamodule=FixedBatches(batch), ckpt_path=path)
     if resumed.global_rank == 0:
-        report = {"resolved": path, "rollout_steps": module.rollout_steps, "global_step": resumed.global_step}
+        report = {"resolved": path, "rollout_steps": module.steps_done, "global_step": resumed.global_step}
         (Path(root) / "report.json").write_text(json.dumps(report))
 
 

@@ -102,7 +102,7 @@ def test_last_lands_in_the_root_whatever_the_logger_and_resumes_from_there(
     module = AgentRLModule(str(model_dir))
     module.rollout_steps_limit = 4
     resumed.fit(module, datamodule=FixedBatches(batch), ckpt_path=path)
-    assert count.steps == 2 and module.rollout_steps == resumed.global_step == 4  # steps 3 and 4, not 1 to 4
+    assert count.steps == 2 and module.steps_done == resumed.global_step == 4  # steps 3 and 4, not 1 to 4
     assert [global_step(folder / "previous.ckpt"), global_step(folder / "last.ckpt")] == [3, 4]
     assert len(list(tmp_path.glob("lightning_logs/version_*"))) == 2
 

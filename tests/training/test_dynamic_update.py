@@ -57,7 +57,7 @@ def test_a_batch_without_signal_is_not_trained_on(model_dir: Path, tokenizer: An
     optimizer = trainer.optimizers[0]
     assert all(not optimizer.state[p] for p in module.actor.parameters()), "no AdamW moment was touched"
     assert trainer.global_step == 2 * 2 * 2, "the steps still count (checkpoints, resume and schedule go on)"
-    assert module.rollout_steps == 2
+    assert module.steps_done == 2
     assert float(trainer.callback_metrics["train/update_skipped"]) == 1.0
     assert float(trainer.callback_metrics["train/zero_advantage_share"]) == 1.0
 

@@ -123,7 +123,7 @@ def test_checkpoints_hold_the_adapters_resume_exactly_and_export_to_peft(
     run(tmp_path / "stopped", 2)
     last = tmp_path / "stopped" / "checkpoints" / "last.ckpt"
     resumed = run(tmp_path / "stopped", 4, ckpt_path=str(last))
-    assert resumed.rollout_steps == 4
+    assert resumed.steps_done == 4
     for (name, a), (_, b) in zip(straight.actor.state_dict().items(), resumed.actor.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 

@@ -56,7 +56,7 @@ def test_an_update_raises_the_probability_of_advantaged_replies(
     logged = trainer.callback_metrics
     if algorithm.estimator != "ppo-gae":  # (ppo-gae runs 3 steps on the same batch: the policy has moved on)
         assert abs(float(logged["train/logprob_gap"])) < 1e-4  # trainer and "engine" agree at temperature 1
-    assert module.rollout_steps == (3 if algorithm.estimator == "ppo-gae" else 1)
+    assert module.steps_done == (3 if algorithm.estimator == "ppo-gae" else 1)
     if algorithm.estimator == "ppo-gae":
         assert "train/value_loss" in logged
 
@@ -147,7 +147,7 @@ def test_resume_continues_the_optimizer_and_the_schedule(model_dir: Path, tokeni
     trainer.save_checkpoint(tmp_path / "step1.ckpt")
     resumed = new()
     fit(resumed, batch, tmp_path / "resumed", rollout_steps=2, ckpt_path=tmp_path / "step1.ckpt")
-    assert resumed.rollout_steps == straight.rollout_steps == 2
+    assert resumed.steps_done == straight.steps_done == 2
     for (name, a), b in zip(straight.actor.named_parameters(), resumed.actor.parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
     lrs = [m.trainer.optimizers[0].param_groups[0]["lr"] for m in (straight, resumed)]

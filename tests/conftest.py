@@ -1,4 +1,10 @@
-"""Shared fixtures: real env servers on 127.0.0.1 (random free ports), in a thread or as a process."""
+"""Shared fixtures: real env servers on 127.0.0.1 (random free ports), in a thread or as a process; and the tiers.
+
+Tiers (markers, `--strict-markers`): every test is ``unit`` or ``integration``; some integration tests are also
+``slow``; ``gpu`` ones need CUDA. `pytest -m unit` is the fast lane (well under a minute: pure functions, envs,
+configs, the pinned losses; no env server, no CLI run); `pytest -m "not slow"` skips the learning runs; plain
+`pytest` (what CI runs) runs everything.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,35 @@ import support.plugin_envs  # noqa: E402,F401  (registers crashy/slow)
 from support.servers import ALL_ENVS, start_server  # noqa: E402,F401  (re-exported for the tests)
 
 from env_servers.server import RunningServer  # noqa: E402
+
+UNIT = {  # test files (relative to tests/) whose every test is pure and fast
+    "algorithms/test_advantages.py",
+    "algorithms/test_algorithm_properties.py",
+    "algorithms/test_correction.py",
+    "algorithms/test_losses.py",
+    "algorithms/test_objective.py",
+    "envs/test_frozenlake.py",
+    "envs/test_sokoban.py",
+    "rollout/test_chat.py",
+    "rollout/test_engine_choice.py",
+    "rollout/test_scheduler_parts.py",
+    "training/test_config_ranges.py",
+    "training/test_forward.py",
+    "training/test_pinned_losses.py",
+    "test_docs.py",
+    "test_protocol_stubs.py",
+    "test_readme.py",
+}
+SLOW = {"cli/test_learning.py"}  # minutes each: the CPU recipes learning
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        where = Path(str(item.fspath)).resolve().relative_to(TESTS.resolve()).as_posix()
+        if item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.unit if where in UNIT else pytest.mark.integration)
+        if where in SLOW:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -157,13 +157,14 @@ def test_lora_settings_name_their_key() -> None:
     assert not LoraConfig().enabled
 
 
-@pytest.mark.parametrize("kind", ["transformers", "vllm"])
+@pytest.mark.parametrize("kind", ["transformers", "vllm", "vllm-merged"])
 def test_the_engine_generates_with_the_trained_adapters(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, kind: str
 ) -> None:
     """After every update the engine's greedy reply and log-probs are the trainer's (LoRA policy): vLLM applies
-    the adapters it was sent (the sync moves the adapters alone), the transformers engine loads merged weights;
-    a restored checkpoint reaches the engine before validation plays."""
+    the adapters it was sent (the sync moves the adapters alone), the transformers engine and vLLM without LoRA
+    (``model.lora.sync: merged``) load merged weights; a restored checkpoint reaches the engine before validation
+    plays."""
     from callbacks.test_weight_sync import EngineMatchesTrainer, _trainer
     from transformers import AutoTokenizer
 
@@ -179,7 +180,9 @@ def test_the_engine_generates_with_the_trained_adapters(
         [{"role": "user", "content": "#P_O#"}], tokenize=False, add_generation_prompt=True
     )
     prompt = tokenizer.encode(text, add_special_tokens=False)
-    engine = EngineConfig(kind=kind, max_lora_rank=LORA.rank, max_model_len=1024, kv_cache_gib=0.25)
+    adapters = kind == "vllm"
+    rank = LORA.rank if adapters else 0  # what the CLI links (model.lora.sync: adapters; merged: 0)
+    engine = EngineConfig(kind=kind.removesuffix("-merged"), max_lora_rank=rank, max_model_len=1024, kv_cache_gib=0.25)
     episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=SamplingParams(max_new_tokens=8))
 
     def parts(steps: int) -> tuple[AgentRLModule, RolloutDataModule]:
@@ -224,10 +227,10 @@ def test_the_engine_generates_with_the_trained_adapters(
     assert all(gap < 1e-5 for _, _, gap in checker.checked), checker.checked
     assert checker.base_gaps[0] < 1e-5 < 1e-3 < checker.base_gaps[-1]  # the engine plays the adapters, not the base
     metrics = trainer.callback_metrics
-    adapters = sum(p.numel() * p.element_size() for p in module.actor.parameters() if p.requires_grad)
+    adapter_bytes = sum(p.numel() * p.element_size() for p in module.actor.parameters() if p.requires_grad)
     weights = sum(t.numel() * t.element_size() for t in AgentRLModule._load(model).state_dict().values())
-    assert float(metrics["sync/bytes"]) == (adapters if kind == "vllm" else weights)
-    assert float(metrics["sync/adapter"]) == (1.0 if kind == "vllm" else 0.0)
+    assert float(metrics["sync/bytes"]) == (adapter_bytes if adapters else weights)
+    assert float(metrics["sync/adapter"]) == float(adapters)
 
     ckpt = tmp_path / "after3.ckpt"
     trainer.save_checkpoint(ckpt)

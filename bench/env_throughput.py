@@ -53,8 +53,8 @@ from env_servers.envs.webshop.search import TOP_K
 from env_servers.registry import get_env
 from env_servers.server import EnvServer, ServerConfig
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs import EnvClient, EnvPool, EnvSession
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client import EnvClient, EnvPool, EnvSession
+from roll_lightning.env_client.local import launch_local_server
 
 SESSIONS = 64
 ENVS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {

@@ -73,11 +73,11 @@ def worker(cfg: dict[str, Any], out: Path) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from roll_lightning.callbacks.weight_sync import sync_actor
     from roll_lightning.checks.handmade import FixedBatches
     from roll_lightning.models.smollm import smollm2_path
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.training import LoraConfig, OptimConfig
+    from roll_lightning.training.module import AgentRLModule
+    from roll_lightning.training.weight_sync import sync_actor
 
     torch.set_num_threads(cfg["threads"])
     model = smollm2_path()

@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
-from roll_lightning.envs import EnvPool  # noqa: E402
+from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402

@@ -53,8 +53,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from bench.support.latency_env import LatencyConfig, expected_step_s  # noqa: E402
-from roll_lightning.envs import EnvPool  # noqa: E402
-from roll_lightning.envs.local import LocalServer, launch_local_server  # noqa: E402
+from roll_lightning.env_client import EnvPool  # noqa: E402
+from roll_lightning.env_client.local import LocalServer, launch_local_server  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402

@@ -117,7 +117,7 @@ class Loop:
 
 def sync_full(trainer: Any, engine: Any, loop: Loop, version: int, kind: str) -> dict[str, float]:
     """The sync before issue 18: a full CPU state dict, then the engine's load of that era."""
-    from roll_lightning.callbacks.weight_sync import full_state_dict
+    from roll_lightning.training.weight_sync import full_state_dict
 
     weights = full_state_dict(trainer)
     n_bytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -138,7 +138,7 @@ def sync_full(trainer: Any, engine: Any, loop: Loop, version: int, kind: str) ->
 
 def sync_bucketed(trainer: Any, engine: Any, loop: Loop, version: int, bucket_bytes: int) -> dict[str, float]:
     """`WeightSync._sync` without the rollout: buckets made here, loaded by the engine on the loop's thread."""
-    from roll_lightning.callbacks.weight_sync import stream_into_engine
+    from roll_lightning.training.weight_sync import stream_into_engine
 
     stats = stream_into_engine(trainer, engine, version, bucket_bytes, loop.call)
     return {"bytes": stats["bytes"], "buckets": stats["buckets"]}

@@ -24,9 +24,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from roll_lightning.exits import run_cli
-from roll_lightning.module import AgentRLModule
 from roll_lightning.quiet import silence_known_noise
 from roll_lightning.rollout.datamodule import RolloutDataModule
+from roll_lightning.training.module import AgentRLModule
 
 
 class RollLightningCLI(LightningCLI):

@@ -29,21 +29,11 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import NoReturn
 
-from roll_lightning.envs.errors import EnvOutage, EpisodeFailed, EpisodesKeepFailing  # grpc only: no torch
+from roll_lightning.env_client.errors import EnvOutage, EpisodeFailed, EpisodesKeepFailing  # grpc only: no torch
 
 DEBUG_ENV = "ROLL_DEBUG"
 _PROJECT_PACKAGES = ("roll_lightning", "env_servers")
 _RESUME_HINT = "resume with --ckpt_path last"
-
-
-def entry() -> None:
-    """``python -m roll_lightning``: the CLI, with a Ctrl-C while it still imports torch and Lightning (seconds)
-    ending in the same one line and status 130 as one later on, instead of a traceback from inside an import."""
-    try:
-        from roll_lightning.cli import main
-    except KeyboardInterrupt as stop:
-        _exit_stopped(stop, [])
-    main()
 
 
 def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = None) -> None:
@@ -59,7 +49,7 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
         try:
             run(None if args is None else argv)
         except (KeyboardInterrupt, SystemExit) as stop:
-            _exit_stopped(stop, received)
+            exit_stopped(stop, received)
         except Exception as err:
             if debugging():
                 raise
@@ -230,7 +220,7 @@ def sigint_as_sigterm() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _exit_stopped(stop: KeyboardInterrupt | SystemExit, sigints: list[int]) -> NoReturn:
+def exit_stopped(stop: KeyboardInterrupt | SystemExit, sigints: list[int]) -> NoReturn:
     """Exit 130 after SIGINT and 143 after SIGTERM, with one line saying how to resume; other exits pass."""
     if sigints or isinstance(stop, KeyboardInterrupt):
         # Lightning turns a KeyboardInterrupt into exit status 1 and a SIGTERM into 0; the status says the signal

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from roll_lightning.envs.local import LocalServer, launch_local_server
+from roll_lightning.env_client.local import LocalServer, launch_local_server
 
 IP = shutil.which("ip") or ("/usr/sbin/ip" if os.path.exists("/usr/sbin/ip") else None)
 

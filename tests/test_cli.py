@@ -16,7 +16,7 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_play_random_episodes_through_local_servers():
-    done = run("-m", "roll_lightning.envs", "play", "sokoban", "--episodes", "6", "--config", '{"max_steps": 15}')
+    done = run("-m", "roll_lightning.env_client", "play", "sokoban", "--episodes", "6", "--config", '{"max_steps": 15}')
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("seed")]
     assert len(lines) == 6 and "6 episodes" in done.stdout and "success" in done.stdout
@@ -39,7 +39,7 @@ def test_env_servers_run_without_torch_transformers_or_vllm():
         for name in ("torch", "transformers", "vllm", "lightning"):
             sys.modules[name] = None  # any import of these now fails
         from env_servers.server import EnvServer, ServerConfig
-        from roll_lightning.envs import EnvPool
+        from roll_lightning.env_client import EnvPool
 
         running = EnvServer.run_in_thread(ServerConfig(env_ids=("sokoban", "frozenlake")))
 

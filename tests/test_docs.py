@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from env_servers.conformance import run_conformance
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client.local import launch_local_server
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "writing-an-env.md"
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import pytest
 from netns import NetnsLab, netns_unavailable_reason
 
-from roll_lightning.envs.errors import EpisodeFailed
-from roll_lightning.envs.pool import EnvPool
-from roll_lightning.envs.session import EnvSession
+from roll_lightning.env_client.errors import EpisodeFailed
+from roll_lightning.env_client.pool import EnvPool
+from roll_lightning.env_client.session import EnvSession
 
 pytestmark = [
     pytest.mark.netns,

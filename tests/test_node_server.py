@@ -35,9 +35,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
-from roll_lightning.envs.errors import EpisodeFailed, NoEndpointAvailable
-from roll_lightning.envs.local import LocalServer
-from roll_lightning.envs.pool import EnvPool
+from roll_lightning.env_client.errors import EpisodeFailed, NoEndpointAvailable
+from roll_lightning.env_client.local import LocalServer
+from roll_lightning.env_client.pool import EnvPool
 
 NODE_DIR = Path(__file__).resolve().parent.parent / "env_servers" / "node"
 SERVER_JS = NODE_DIR / "server.js"

@@ -365,7 +365,7 @@ async def test_health_is_not_serving_until_the_envs_have_loaded():
     from support.plugin_envs import LOADING
 
     from env_servers.server import EnvServer, ServerConfig
-    from roll_lightning.envs.client import EnvClient
+    from roll_lightning.env_client.client import EnvClient
 
     LOADING.clear()
     server = EnvServer(ServerConfig(env_ids=("slowload",), port=0))

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client.local import launch_local_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -112,8 +112,8 @@ def plan_stats(batch: RolloutBatch, algorithm: AlgorithmConfig) -> dict[str, Any
 def main(config_path: str, out_prefix: str) -> None:
     import lightning as L
 
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.training import OptimConfig
+    from roll_lightning.training.module import AgentRLModule
 
     cfg = json.loads(Path(config_path).read_text())
     devices = int(cfg["devices"])

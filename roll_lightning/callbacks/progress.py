@@ -27,7 +27,7 @@ from typing import IO, Any
 import lightning as L
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-from roll_lightning.module import AgentRLModule
+from roll_lightning.training.module import AgentRLModule
 
 
 class RunProgress(ProgressBar):

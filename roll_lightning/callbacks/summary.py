@@ -30,7 +30,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from roll_lightning.callbacks.progress import clock
 from roll_lightning.checkpoints.callback import checkpoint_dir
-from roll_lightning.module import AgentRLModule
+from roll_lightning.training.module import AgentRLModule
 
 
 def rerun_command(subcommand: str, argv: Sequence[str], ckpt_path: str = "last") -> str:

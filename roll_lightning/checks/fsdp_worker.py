@@ -22,9 +22,9 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checks.handmade import Repeat, handmade_batch
-from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
+from roll_lightning.training.module import AgentRLModule
 
 
 class RankShard(L.LightningDataModule):

@@ -120,8 +120,8 @@ def check_vllm(model_dir: Path, device: str = "cuda") -> Outcome:
 def check_fsdp2(model_dir: Path, ranks: int | None = None, backend: str = "nccl", accelerator: str = "gpu") -> Outcome:
     """FSDP2 on ``ranks`` devices (rank r trains on group r of the handmade batch) vs one process on all groups."""
     from roll_lightning.checks.handmade import FixedBatches, handmade_batch
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.training import OptimConfig
+    from roll_lightning.training.module import AgentRLModule
 
     ranks = ranks or torch.cuda.device_count()
     if ranks < 2:
@@ -162,8 +162,8 @@ def check_bf16(model_dir: Path, accelerator: str = "gpu", steps: int = 3) -> Out
     from transformers import AutoTokenizer
 
     from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.training import OptimConfig
+    from roll_lightning.training.module import AgentRLModule
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     batch = handmade_batch(model_dir, tokenizer)

@@ -20,7 +20,7 @@ from roll_lightning.rollout.tags import (
 )
 
 if TYPE_CHECKING:
-    from roll_lightning.envs import EnvPool
+    from roll_lightning.env_client import EnvPool
 
 __all__ = ["GROUP_ESTIMATORS", "EnvsConfig", "EvalConfig", "RolloutConfig", "RolloutConfigError"]
 
@@ -213,7 +213,7 @@ class EnvsConfig:
 
     def pool(self, endpoints: str | tuple[str, ...], env_ids: list[str]) -> EnvPool:
         """A pool over ``endpoints`` (``local``: servers started here for ``env_ids``)."""
-        from roll_lightning.envs import EnvPool
+        from roll_lightning.env_client import EnvPool
 
         cert = Path(self.tls_root_cert).read_bytes() if self.tls_root_cert else None
         return EnvPool(

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from roll_lightning.envs.session import EnvSession, ResetOutcome, StepOutcome
+from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
 from roll_lightning.rollout.chat import PromptConfig, TokenHistory, fresh_prompt
 from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import grpc
 
-from roll_lightning.envs import EpisodeFailed, EpisodesKeepFailing
+from roll_lightning.env_client import EpisodeFailed, EpisodesKeepFailing
 from roll_lightning.rollout.config import RolloutConfig
 from roll_lightning.rollout.lanes import LaneState
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll_lightning.envs import EnvPool, EnvSession
+from roll_lightning.env_client import EnvPool, EnvSession
 from roll_lightning.rollout.groups import GroupQueue
 from roll_lightning.rollout.ledger import GroupSequence
 from roll_lightning.rollout.tags import Lane

@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from roll_lightning.envs import EnvOutage, EnvSession
+from roll_lightning.env_client import EnvOutage, EnvSession
 from roll_lightning.rollout.episode import EpisodeBuilder
 from roll_lightning.rollout.failures import RETRYABLE
 from roll_lightning.rollout.filters import GroupSelection

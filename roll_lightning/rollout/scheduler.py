@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from roll_lightning.envs import EnvOutage, EnvPool, EnvSession, EpisodeFailed
+from roll_lightning.env_client import EnvOutage, EnvPool, EnvSession, EpisodeFailed
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams

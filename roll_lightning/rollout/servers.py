@@ -13,8 +13,8 @@ import asyncio
 import time
 from typing import Any
 
-from roll_lightning.envs import EnvPool, EpisodeFailed, NoEndpointAvailable
-from roll_lightning.envs.errors import EndpointRefused
+from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.env_client.errors import EndpointRefused
 from roll_lightning.rollout.config import EnvsConfig
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder
 from roll_lightning.rollout.tags import Lane, RolloutConfigError

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class EvalPrinter(Protocol):
+    """A progress display that prints each held-out evaluation itself (`callbacks.RunProgress`); without one,
+    the module logs the evaluation's line."""
+
+    def print_evals(self, module: Any) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client.local import launch_local_server
 
 ROOT = Path(__file__).parent.parent.parent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from support.cli import TINY, start_cli, wait_for_file
 
-from roll_lightning.envs.local import LocalServer, launch_local_server
+from roll_lightning.env_client.local import LocalServer, launch_local_server
 
 STEPS = 5
 

@@ -37,8 +37,8 @@ def test_every_shipped_config_parses_and_validates(
     """Hub models are not here, so the model is the tiny one; with the GPU overlay the accelerator is the CPU
     (FSDP2 over one CPU rank). Everything else is the configs' own."""
     from roll_lightning.cli import RollLightningCLI
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.rollout.datamodule import RolloutDataModule
+    from roll_lightning.training.module import AgentRLModule
 
     monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("ROLL_MODEL", "tiny")

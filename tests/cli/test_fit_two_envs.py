@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support.cli import TINY, run_cli
 
-from roll_lightning.envs.local import LocalServer, launch_local_server
+from roll_lightning.env_client.local import LocalServer, launch_local_server
 
 SOKOBAN = {"tag": "sokoban", "env_id": "sokoban", "env_config": {"dim_room": [6, 6]}, "episode": {"max_turns": 2}}
 FROZENLAKE = {"tag": "frozenlake", "env_id": "frozenlake", "env_config": {"size": 4}}

@@ -10,8 +10,8 @@ from support.cli import TINY
 
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> object:
     from roll_lightning.cli import RollLightningCLI
-    from roll_lightning.module import AgentRLModule
     from roll_lightning.rollout.datamodule import RolloutDataModule
+    from roll_lightning.training.module import AgentRLModule
 
     monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
     return RollLightningCLI(

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from support.cli import SLOW_ENV, TINY, check_stopped_mid_rollout_then_resume, children, start_cli, wait_for_file
 
-from roll_lightning.exits import entry, sigint_as_sigterm
+from roll_lightning.__main__ import entry
+from roll_lightning.exits import sigint_as_sigterm
 
 STEPS = 4
 ARGS = [

@@ -18,7 +18,7 @@ from support.misbehaving import ServerWideReplay, UnaryOnly, start_misbehaving
 from env_servers.conformance import CHECKS, CheckResult, run_conformance
 from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client.local import launch_local_server
 
 PYTHON_ENVS = ["sokoban", "frozenlake", "webshop"]
 SMALL = ["--max-sessions", "20", "--session-ttl", "2"]  # small enough for the capacity and reaping rules

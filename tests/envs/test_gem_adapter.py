@@ -12,7 +12,7 @@ from support.servers import start_server  # noqa: E402
 
 from env_servers.api import ConfigError  # noqa: E402
 from env_servers.registry import get_env  # noqa: E402
-from roll_lightning.envs import EnvPool  # noqa: E402
+from roll_lightning.env_client import EnvPool  # noqa: E402
 
 GUESS, MINES, G2048 = "gem:game:GuessTheNumber-v0-easy", "gem:game:Minesweeper-v0-easy", "gem:game:Game2048-v0-easy"
 

@@ -529,8 +529,8 @@ def test_random_actions_never_crash(mini, actions):
 
 async def test_original_data_served_through_env_config(tmp_path):
     # The operator points a server at the original files; clients play it unchanged (and cannot redirect it).
-    from roll_lightning.envs import EnvPool, EpisodeFailed
-    from roll_lightning.envs.local import launch_local_server
+    from roll_lightning.env_client import EnvPool, EpisodeFailed
+    from roll_lightning.env_client.local import launch_local_server
 
     _write_fixture(tmp_path)
     config = json.dumps({"data_dir": str(tmp_path), "split": "test"})

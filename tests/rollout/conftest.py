@@ -9,7 +9,7 @@ import pytest
 from support.servers import start_server
 
 from env_servers.server import RunningServer
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.models.tiny import tiny_model
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 from support.plugin_envs import SlowEnv
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.engines import Generation, SamplingParams, SimulatedEngine
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine
 from roll_lightning.rollout.episode import Episode, Turn

@@ -20,7 +20,7 @@ from support.servers import start_server
 from env_servers.server import RunningServer
 from roll_lightning.algorithms.advantages import gigpo_advantages
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler, group_seed
 from roll_lightning.rollout.config import EnvsConfig, EvalConfig
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from support.servers import start_server
 
-from roll_lightning.envs import EnvOutage, EnvPool
-from roll_lightning.envs.local import LocalServer, launch_local_server
+from roll_lightning.env_client import EnvOutage, EnvPool
+from roll_lightning.env_client.local import LocalServer, launch_local_server
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import (
     ContextBudgetError,
     EpisodeSettings,

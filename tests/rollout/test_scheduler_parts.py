@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from roll_lightning.envs import EpisodesKeepFailing
+from roll_lightning.env_client import EpisodesKeepFailing
 from roll_lightning.rollout import RolloutConfig
 from roll_lightning.rollout.engines import Generation, SamplingParams
 from roll_lightning.rollout.failures import FailurePolicy

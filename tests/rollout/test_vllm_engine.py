@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from roll_lightning.envs import EnvPool
+from roll_lightning.env_client import EnvPool
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams

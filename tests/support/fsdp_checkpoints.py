@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checkpoints import StepCheckpoint, resolve_ckpt_path, use_checksummed_io
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
-from roll_lightning.module import AgentRLModule
+from roll_lightning.training.module import AgentRLModule
 
 
 def trainer(root: Path, distributed: bool) -> L.Trainer:

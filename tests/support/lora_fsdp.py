@@ -15,8 +15,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checkpoints import StepCheckpoint, resolve_ckpt_path, use_checksummed_io
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
-from roll_lightning.module import AgentRLModule
 from roll_lightning.training import LoraConfig, OptimConfig
+from roll_lightning.training.module import AgentRLModule
 
 
 def fit(model_dir: str, root: Path, lora: LoraConfig, steps: int, batch: object, resume: bool = False) -> L.Trainer:

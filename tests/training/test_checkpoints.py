@@ -28,7 +28,7 @@ from roll_lightning.checkpoints import (
     verify,
 )
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
-from roll_lightning.module import AgentRLModule
+from roll_lightning.training.module import AgentRLModule
 
 TESTS = Path(__file__).parent.parent
 

@@ -14,8 +14,8 @@ import torch
 from test_module import fit
 
 from roll_lightning.checks.handmade import handmade_batch
-from roll_lightning.module import AgentRLModule
 from roll_lightning.training import AlgorithmConfig, OptimConfig
+from roll_lightning.training.module import AgentRLModule
 
 TESTS = Path(__file__).parent.parent
 

@@ -12,10 +12,10 @@ from test_checkpoints import trainer as checkpointing_trainer
 from test_module import fit
 
 from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
-from roll_lightning.module import AgentRLModule
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.lora import base_name as lora_base_name
 from roll_lightning.training.lora import export_adapter, merged_entries
+from roll_lightning.training.module import AgentRLModule
 
 LORA = LoraConfig(rank=4, alpha=8)
 
@@ -165,7 +165,7 @@ def test_the_engine_generates_with_the_trained_adapters(
     the adapters it was sent (the sync moves the adapters alone), the transformers engine and vLLM without LoRA
     (``model.lora.sync: merged``) load merged weights; a restored checkpoint reaches the engine before validation
     plays."""
-    from callbacks.test_weight_sync import EngineMatchesTrainer, _trainer
+    from training.test_weight_sync import EngineMatchesTrainer, _trainer
     from transformers import AutoTokenizer
 
     from roll_lightning.models.tiny import tiny_model

@@ -12,9 +12,9 @@ import torch
 from support.trainers import quiet_trainer
 
 from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
-from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
+from roll_lightning.training.module import AgentRLModule
 
 
 def fit(

@@ -19,8 +19,8 @@ import torch
 from support.trainers import quiet_trainer
 
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
-from roll_lightning.module import AgentRLModule
 from roll_lightning.training import AlgorithmConfig, OptimConfig
+from roll_lightning.training.module import AgentRLModule
 
 KEYS = ("train/loss", "train/grad_norm", "train/advantage_mean")
 SETTINGS = {  # estimator: (row layout, algorithm settings)

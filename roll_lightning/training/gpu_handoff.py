@@ -37,9 +37,9 @@ from typing import Any
 import lightning as L
 import torch
 
-from roll_lightning.callbacks.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.engines.placement import TRAIN
+from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 
 log = logging.getLogger(__name__)
 

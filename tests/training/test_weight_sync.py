@@ -11,11 +11,11 @@ import torch
 from support.trainers import quiet_trainer
 
 from roll_lightning.models.tiny import tiny_model
-from roll_lightning.module import AgentRLModule
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig
 from roll_lightning.rollout.datamodule import EnvsConfig, EvalConfig, RolloutDataModule
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.training import AlgorithmConfig, OptimConfig
+from roll_lightning.training.module import AgentRLModule
 
 
 class EngineMatchesTrainer(L.Callback):

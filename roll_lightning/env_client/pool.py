@@ -35,8 +35,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs.client import EnvClient
-from roll_lightning.envs.errors import (
+from roll_lightning.env_client.client import EnvClient
+from roll_lightning.env_client.errors import (
     REFUSED,
     EndpointRefused,
     EnvOutage,
@@ -44,10 +44,10 @@ from roll_lightning.envs.errors import (
     NoEndpointAvailable,
     status_code,
 )
-from roll_lightning.envs.local import LocalServer, launch_local_server
-from roll_lightning.envs.session import EnvSession, new_request_id
+from roll_lightning.env_client.local import LocalServer, launch_local_server
+from roll_lightning.env_client.session import EnvSession, new_request_id
 
-log = logging.getLogger("roll_lightning.envs")
+log = logging.getLogger("roll_lightning.env_client")
 Transport = Literal["batch", "stream", "unary"]
 
 

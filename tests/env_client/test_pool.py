@@ -12,8 +12,8 @@ import pytest
 from support.servers import start_server
 
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs import EnvOutage, EnvPool, EpisodeFailed, NoEndpointAvailable
-from roll_lightning.envs.local import launch_local_server
+from roll_lightning.env_client import EnvOutage, EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.env_client.local import launch_local_server
 
 ACTIONS = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>", "<answer>Up</answer>", "bad"]
 

@@ -1,4 +1,4 @@
-"""`python -m roll_lightning.envs play sokoban --episodes 32`: random-agent episodes through the real client.
+"""`python -m roll_lightning.env_client play sokoban --episodes 32`: random-agent episodes through the real client.
 
 The quickest end-to-end check of an env deployment: it starts local env servers (or connects to
 ``--endpoints host:port ...``), runs episodes concurrently through `EnvPool` with a random agent that answers
@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from roll_lightning.envs import EnvPool, EpisodeFailed
+from roll_lightning.env_client import EnvPool, EpisodeFailed
 
 DIRECTIONS = ("Up", "Down", "Left", "Right")
 
@@ -96,7 +96,7 @@ async def play(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m roll_lightning.envs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m roll_lightning.env_client", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("play", help="play random-agent episodes against an env server")
     p.add_argument("env", help="env id, e.g. sokoban or frozenlake")

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from support.misbehaving import FirstStreamAnswerEmpty, ServerWideReplay, UnaryOnly, start_misbehaving
 
-from roll_lightning.envs import EchoMismatch, EnvOutage, EnvPool, EpisodeFailed
+from roll_lightning.env_client import EchoMismatch, EnvOutage, EnvPool, EpisodeFailed
 
 
 @pytest.mark.parametrize("transport", ["batch", "stream", "unary"])

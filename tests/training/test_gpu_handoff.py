@@ -12,7 +12,7 @@ CUDA-only branches and where each is covered on a CPU:
   engine arguments are checked (tests/rollout/test_vllm_sleep_mode.py); bench/gpu_check.py measures the memory
   it frees with `torch.cuda.mem_get_info`.
 - `WeightSync` on a CUDA engine (buckets on the trainer's device, no CPU copy): the same code on CPU tensors
-  (tests/callbacks/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device copy only on a GPU.
+  (tests/training/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device copy only on a GPU.
 - Placing each in-process vLLM engine on its GPU (`vllm_engine.pin_device`, the worker thread's
   `torch.cuda.set_device`; a bare `cuda` resolves to the rank's training GPU): the decisions are pure and tested in
   tests/rollout/test_partial_overlap.py; that vLLM then runs there, under Lightning's process group, only
@@ -36,8 +36,8 @@ import torch
 from support.cli import TINY, TWO_RANKS, run_cli
 from support.handoff_trace import RecordingDeviceOps
 
-from roll_lightning.callbacks.device_ops import TorchDeviceOps
-from roll_lightning.callbacks.gpu_handoff import HandoffPlan, plan_handoff
+from roll_lightning.training.device_ops import TorchDeviceOps
+from roll_lightning.training.gpu_handoff import HandoffPlan, plan_handoff
 
 STEPS = 2
 

@@ -42,7 +42,7 @@ from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.engines.base import BucketFeed
 
 if TYPE_CHECKING:
-    from roll_lightning.module import AgentRLModule
+    from roll_lightning.training.module import AgentRLModule
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import grpc
 from google.protobuf import json_format
 
 from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.envs.errors import EchoMismatch, EpisodeFailed
+from roll_lightning.env_client.errors import EchoMismatch, EpisodeFailed
 
 if TYPE_CHECKING:
-    from roll_lightning.envs.pool import Endpoint, EnvPool
+    from roll_lightning.env_client.pool import Endpoint, EnvPool
 
 
 def new_request_id() -> str:

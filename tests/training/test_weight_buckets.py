@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 import torch
 
-from roll_lightning.callbacks.weight_sync import (
+from roll_lightning.models.tiny import tiny_model
+from roll_lightning.rollout.engines import EngineRouter, SamplingParams
+from roll_lightning.rollout.engines.base import BucketFeed, Weights, iter_buckets
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+from roll_lightning.training.weight_sync import (
     bucketed,
     full_state_dict,
     stream_weights,
     tensor_bytes,
     weight_buckets,
 )
-from roll_lightning.models.tiny import tiny_model
-from roll_lightning.rollout.engines import EngineRouter, SamplingParams
-from roll_lightning.rollout.engines.base import BucketFeed, Weights, iter_buckets
-from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0)
 
@@ -297,7 +297,7 @@ import asyncio, json, sys, threading
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
-from roll_lightning.callbacks.weight_sync import stream_weights
+from roll_lightning.training.weight_sync import stream_weights
 from roll_lightning.rollout.engines.base import BucketFeed
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.training.sharding import shard_fsdp2

@@ -44,9 +44,11 @@ from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
-from roll_lightning.training.eval_report import EvalReport
+from roll_lightning.training.eval_report import EvalPrinter, EvalReport
 from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
+from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
+from roll_lightning.training.weight_sync import WeightSync
 
 
 class AgentRLModule(L.LightningModule):
@@ -109,8 +111,6 @@ class AgentRLModule(L.LightningModule):
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
         self.steps_done = 0  # rollout batches trained on (the limit is rollout_steps_limit)
-        from roll_lightning.callbacks.gpu_handoff import GPUHandoff  # (callbacks import this module)
-
         self.handoff = GPUHandoff()  # the GPU handoff: a callback (see configure_callbacks) this module also calls
         self.last_batch: RolloutBatch | None = None
         self.last_row_advantages: list[float] | None = None  # the last batch's, one per row (TrajectoryDump)
@@ -167,7 +167,7 @@ class AgentRLModule(L.LightningModule):
         started = time.perf_counter()
         batch, _, _ = next(dataloader_iter)  # the rollout happens here
         rollout_s = time.perf_counter() - started
-        self.handoff.on_rollout_end(self.trainer, self, batch)  # the engine may sleep now (callbacks/gpu_handoff.py)
+        self.handoff.on_rollout_end(self.trainer, self, batch)  # the engine may sleep now (training/gpu_handoff.py)
         batch = batch.to(self.device)
         self.last_batch, self.last_row_advantages = batch, None
         started = time.perf_counter()
@@ -392,16 +392,15 @@ class AgentRLModule(L.LightningModule):
         return {k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()}
 
     def _report_eval(self, metrics: dict[str, float]) -> None:
-        """Record a held-out evaluation during fit; `RunProgress` prints it, or the log when there is no bar."""
-        from roll_lightning.callbacks.progress import RunProgress
-
+        """Record a held-out evaluation during fit; a progress bar that prints evaluations (`EvalPrinter`:
+        `RunProgress`) shows it, else the log does."""
         if self.eval_reports and self.eval_reports[-1].step == self.steps_done:
             return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
         minutes = (time.perf_counter() - self.fit_started) / 60
         first = self.eval_reports[0] if self.eval_reports else None
         report = EvalReport.of(self.steps_done, metrics, minutes, first)
         self.eval_reports.append(report)
-        if not isinstance(self.trainer.progress_bar_callback, RunProgress):
+        if not isinstance(self.trainer.progress_bar_callback, EvalPrinter):
             from lightning.pytorch.utilities import rank_zero_info
 
             rank_zero_info(report.line())
@@ -413,8 +412,6 @@ class AgentRLModule(L.LightningModule):
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
-        from roll_lightning.callbacks import WeightSync
-
         return [self.handoff, WeightSync(bucket_bytes=self.sync_bucket_bytes)]  # in this order (see GPUHandoff)
 
     @property

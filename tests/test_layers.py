@@ -1,0 +1,93 @@
+"""The import graph is a layered house: each part of `roll_lightning` imports only parts on lower floors (lazy
+imports inside functions and type-checking imports count too), so there is no package cycle; the env servers
+import nothing of the trainer but the generated protocol stubs; and the README's architecture table names every
+part. Read from the source with `ast`, nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "roll_lightning"
+
+FLOORS: list[set[str]] = [  # bottom first (docs/architecture.md draws the same picture)
+    {"env", "_compat", "quiet", "algorithms", "models", "checkpoints"},  # protocol stubs, pure parts
+    {"env_client"},  # the env client (grpc only, no torch)
+    {"rollout", "exits"},  # episodes, engines, the scheduler, the datamodule; how a run ends
+    {"training"},  # the LightningModule, its weight sync and GPU handoff, configs, LoRA
+    {"callbacks", "checks"},  # optional callbacks; the GPU check
+    {"cli"},
+    {"__main__"},
+]
+
+
+def part_of(path: Path) -> str:
+    """The top-level part of `roll_lightning` a file belongs to (a subpackage, or a module of its own)."""
+    first = path.relative_to(PACKAGE).parts[0]
+    return first.removesuffix(".py")
+
+
+def imported_parts(path: Path) -> set[str]:
+    """The `roll_lightning` parts a file imports, wherever the import statement is."""
+    parts: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            pieces = name.split(".")
+            if (
+                pieces[0] == "roll_lightning"
+                and len(pieces) > 1
+                and ((PACKAGE / pieces[1]).exists() or (PACKAGE / f"{pieces[1]}.py").exists())
+            ):
+                parts.add(pieces[1])
+    return parts
+
+
+def floor_of(part: str) -> int:
+    for floor, parts in enumerate(FLOORS):
+        if part in parts:
+            return floor
+    raise AssertionError(f"roll_lightning/{part} is on no floor: add it to FLOORS (and to docs/architecture.md)")
+
+
+def test_every_import_goes_down_the_house() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "v1" in path.parts:  # generated stubs
+            continue
+        here = part_of(path)
+        if here == "__init__":
+            continue
+        for other in imported_parts(path) - {here}:
+            if floor_of(other) >= floor_of(here):
+                upward.append(f"{path.relative_to(ROOT)} ({here}, floor {floor_of(here)}) imports {other}")
+    assert not upward, "\n".join(upward)
+
+
+def test_every_part_has_a_floor() -> None:
+    parts = {part_of(p) for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    for part in parts - {"__init__"}:
+        floor_of(part)
+
+
+def test_the_env_servers_import_only_the_protocol_stubs_of_the_trainer() -> None:
+    trainer_imports = []
+    for path in sorted((ROOT / "env_servers").rglob("*.py")):
+        for part in imported_parts(path) - {"env"}:
+            trainer_imports.append(f"{path.relative_to(ROOT)} imports roll_lightning.{part}")
+    assert not trainer_imports, "\n".join(trainer_imports)
+
+
+def test_the_readme_table_names_every_part() -> None:
+    table = (ROOT / "README.md").read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(roll_lightning/[\w/]+?|env_servers/[\w/]+?)/?(?:\.py)?`", table))
+    folders = {f"roll_lightning/{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    folders |= {f"env_servers/{p.name}" for p in (ROOT / "env_servers").iterdir() if p.is_dir() and p.name[0] != "_"}
+    missing = sorted(f for f in folders if not any(n == f or n.startswith(f + "/") for n in named))
+    assert not missing, f"README's architecture table does not name {missing}"

@@ -418,9 +418,10 @@ class EnvPool:
             raise
 
     def counters(self) -> dict[str, int]:
-        """Running totals since the pool started: resets, failed and retried calls, endpoint ejections."""
+        """Running totals since the pool started (logged as ``env/<name>_total``): resets, failed and retried
+        calls, endpoint ejections and readmissions, batched calls and the items they carried."""
         retried = sum(ep.client.retried_calls for ep in self.endpoints)
-        return {**{k: self.stats[k] for k in ("resets", "failed_calls", "ejections")}, "retried_calls": retried}
+        return {**self.stats, "retried_calls": retried}
 
     async def _call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
         if ep.ejected:

@@ -80,6 +80,9 @@ async def test_short_outages_of_the_only_server_cost_retries_not_the_run(
             # the batch's env/ counters say so too (running totals)
             assert batch.metrics["env/ejections_total"] == pool.stats["ejections"] >= 1
             assert batch.metrics["env/failed_calls_total"] >= 1 and batch.metrics["env/resets_total"] >= 6 * 8
+            # an endpoint ejected by the outage came back (readmitted) before the last batch could be played
+            assert batch.metrics["env/readmissions_total"] == pool.stats["readmissions"] >= 1
+            assert batch.metrics["env/batched_items_total"] >= batch.metrics["env/batches_total"]
         finally:
             await scheduler.close()
         assert scheduler.running == 0, "every episode slot is given back, however its task ended"

@@ -96,18 +96,10 @@ def test_engine_generates_with_the_updated_and_the_restored_weights(
 
 
 def test_weights_streamed_in_small_buckets_reach_the_engine(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
     """`WeightSync` with buckets far smaller than the model (many buckets per sync): after every update the
     engine's greedy reply and log-probs are the trainer's; the sync logs its buckets and bytes."""
-    import roll_lightning.callbacks
-    from roll_lightning.callbacks import WeightSync
-
-    class SmallBuckets(WeightSync):
-        def __init__(self, **_: Any) -> None:  # whatever size the module asks for
-            super().__init__(bucket_bytes=16_384)
-
-    monkeypatch.setattr(roll_lightning.callbacks, "WeightSync", SmallBuckets)  # what the module adds
     model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
     from transformers import AutoTokenizer
 
@@ -122,7 +114,9 @@ def test_weights_streamed_in_small_buckets_reach_the_engine(
         rollout=RolloutConfig(env_id="frozenlake", group_size=2, batch_size=4, episode=episode),
         envs=EnvsConfig(endpoints="local"),
     )
-    module = AgentRLModule(str(model), algorithm=AlgorithmConfig(), optim=OptimConfig(lr=3e-3), rollout_steps=3)
+    module = AgentRLModule(
+        str(model), algorithm=AlgorithmConfig(), optim=OptimConfig(lr=3e-3), rollout_steps=3, sync_bucket_bytes=16_384
+    )
     trainer = _trainer(tmp_path, checker)
     trainer.fit(module, datamodule=data)
     assert [(v, s) for v, s, _ in checker.checked] == [(0, 0), (1, 1), (2, 2)]

@@ -99,14 +99,15 @@ class RolloutDataModule(L.LightningDataModule):
         self.servers = EnvServers(self.envs, [*self.rollout.lanes, *self.eval_lanes()])
         await self.servers.start(self.tokenizer)  # env ids, configs, endpoints, budgets: all checked here
         # Engines load models: off the loop, so env health checks keep running meanwhile.
-        self.engine = await asyncio.to_thread(
-            build_engine,
-            self.engine_config,
-            self.model,
-            train_device=str(self.trainer.strategy.root_device) if self._has_trainer() else None,
-            local_rank=self.trainer.local_rank if self._has_trainer() else 0,
-            local_world_size=self.trainer.num_devices if self._has_trainer() else 1,
-        )
+        placement: dict[str, Any] = {}  # where this rank's engines go (no trainer: one process, the default)
+        if self._has_trainer():
+            trainer = self.trainer
+            placement = {
+                "train_device": str(trainer.strategy.root_device),
+                "local_rank": trainer.local_rank,
+                "local_world_size": trainer.num_devices,
+            }
+        self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model, **placement)
         pools = self.servers.pools_for(self.rollout.lanes)
         self.scheduler = RolloutScheduler(pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world)
         if self._pending_state is not None:

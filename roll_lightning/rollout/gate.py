@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
-from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams, mark_seen
 
 
 class GenerationGate:
@@ -69,7 +69,7 @@ class GenerationGate:
                 if self.on_suspend == "wait":
                     return await self.engine.generate(prompt_ids, params, key=key)
                 request = asyncio.ensure_future(self.engine.generate(prompt_ids, params, key=key))
-                request.add_done_callback(_retrieve)
+                request.add_done_callback(mark_seen)
                 self._requests.add(request)
                 try:
                     await asyncio.wait([request])  # not `await request`: `close` cancels the request only
@@ -88,9 +88,3 @@ class GenerationGate:
                     generation = replace(generation, extra={**generation.extra, "redone": redone})
                 return generation
             redone += 1  # cancelled by `close`: ask again once the gate reopens
-
-
-def _retrieve(request: asyncio.Future[Generation]) -> None:
-    """Mark an aborted or abandoned engine call's outcome as seen (no "exception was never retrieved")."""
-    if not request.cancelled():
-        request.exception()

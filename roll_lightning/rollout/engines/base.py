@@ -121,6 +121,13 @@ class GenerationEngine(Protocol):
     async def close(self) -> None: ...
 
 
+def mark_seen(call: Any) -> None:
+    """A done-callback for an engine call whose caller may be gone (cancelled by a suspend or a shrink, or
+    abandoned): reads its outcome so asyncio never reports "exception was never retrieved"."""
+    if not call.cancelled():
+        call.exception()
+
+
 def iter_buckets(weights: Weights) -> Iterator[Sequence[tuple[str, Any]]]:
     """The buckets of ``weights``: a mapping is one bucket (its items); a mapping inside the stream is read as its
     items, and a bare ``(name, tensor)`` pair as a bucket of one."""

@@ -44,6 +44,7 @@ from roll_lightning.rollout.engines.base import (
     SamplingParams,
     Weights,
     iter_buckets,
+    mark_seen,
 )
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class EngineRouter:
             epoch = self._epoch[index]
             self.routed[index] += 1
             call = asyncio.ensure_future(self.replicas[index].generate(prompt_ids, params, key=key))
-            call.add_done_callback(_seen)
+            call.add_done_callback(mark_seen)
             self._calls[index].add(call)
             try:
                 await asyncio.wait([call])  # not `await call`: a shrink cancels the call, not this coroutine
@@ -271,9 +272,3 @@ class EngineRouter:
 
     async def close(self) -> None:
         await asyncio.gather(*(r.close() for r in self.replicas))
-
-
-def _seen(call: asyncio.Future[Generation]) -> None:
-    """Mark a call's outcome as seen (a call a shrink cancelled, or whose caller left, raises to nobody)."""
-    if not call.cancelled():
-        call.exception()

@@ -52,9 +52,9 @@ from env_servers.envs.webshop import SearchIndex, generate_catalogue
 from env_servers.envs.webshop.search import TOP_K
 from env_servers.registry import get_env
 from env_servers.server import EnvServer, ServerConfig
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env_client import EnvClient, EnvPool, EnvSession
 from roll_lightning.env_client.local import launch_local_server
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 SESSIONS = 64
 ENVS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {

@@ -1,10 +1,14 @@
 """Regenerate (or check) the committed Python stubs of the env protocol.
 
-    python protos/generate.py           # rewrite roll_lightning/env/v1/env_pb2*.py(i)
+    python protos/generate.py           # rewrite roll_lightning/protocol/v1/env_pb2*.py(i)
     python protos/generate.py --check   # exit 1 if the committed stubs differ from the .proto
 
 Needs grpcio-tools pinned to the same version as grpcio (the `dev`/`test` extras pin both), because the
 generated code checks the runtime versions at import.
+
+The file lives under protocol/ (its path names the Python package of the stubs, `roll_lightning.protocol.v1`), but
+its proto `package` stays `roll_lightning.env.v1`: that is the wire name (`/roll_lightning.env.v1.EnvService/...`)
+every env server speaks, so moving the file changes no RPC, message or service name.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = Path("roll_lightning/env/v1/env.proto")
+PROTO = Path("roll_lightning/protocol/v1/env.proto")
 OUTPUTS = ("env_pb2.py", "env_pb2.pyi", "env_pb2_grpc.py")
 
 

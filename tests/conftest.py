@@ -29,8 +29,9 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "algorithms/test_correction.py",
     "algorithms/test_losses.py",
     "algorithms/test_objective.py",
-    "envs/test_frozenlake.py",
-    "envs/test_sokoban.py",
+    "env_servers/envs/test_frozenlake.py",
+    "env_servers/envs/test_sokoban.py",
+    "protocol/test_stubs.py",
     "rollout/test_chat.py",
     "rollout/test_engine_choice.py",
     "rollout/test_scheduler_parts.py",
@@ -38,7 +39,6 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "training/test_forward.py",
     "training/test_pinned_losses.py",
     "test_docs.py",
-    "test_protocol_stubs.py",
     "test_readme.py",
 }
 SLOW = {"cli/test_learning.py"}  # minutes each: the CPU recipes learning

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "roll_lightning"
 
 FLOORS: list[set[str]] = [  # bottom first (docs/architecture.md draws the same picture)
-    {"env", "_compat", "quiet", "algorithms", "models", "checkpoints"},  # protocol stubs, pure parts
+    {"protocol", "_compat", "quiet", "algorithms", "models", "checkpoints"},  # protocol stubs, pure parts
     {"env_client"},  # the env client (grpc only, no torch)
     {"rollout", "exits"},  # episodes, engines, the scheduler, the datamodule; how a run ends
     {"training"},  # the LightningModule, its weight sync and GPU handoff, configs, LoRA
@@ -79,7 +79,7 @@ def test_every_part_has_a_floor() -> None:
 def test_the_env_servers_import_only_the_protocol_stubs_of_the_trainer() -> None:
     trainer_imports = []
     for path in sorted((ROOT / "env_servers").rglob("*.py")):
-        for part in imported_parts(path) - {"env"}:
+        for part in imported_parts(path) - {"protocol"}:
             trainer_imports.append(f"{path.relative_to(ROOT)} imports roll_lightning.{part}")
     assert not trainer_imports, "\n".join(trainer_imports)
 

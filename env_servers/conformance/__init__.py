@@ -6,7 +6,7 @@
         --session-ttl 2" --env guess_number
 
 It speaks the raw protocol (no roll_lightning client logic in between) and checks each rule of the header of
-protos/roll_lightning/env/v1/env.proto; docs/writing-an-env.md lists the rules with their check names. It
+protos/roll_lightning/protocol/v1/env.proto; docs/writing-an-env.md lists the rules with their check names. It
 prints PASS, FAIL (with the reason) or SKIP (with why the rule does not apply or what the suite needs to check
 it) per check, and exits 1 if any check failed. It closes every session it opens.
 

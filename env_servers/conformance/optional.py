@@ -25,7 +25,7 @@ from env_servers.conformance.target import (
     rid,
     step_request,
 )
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 MAX_FILL = 64  # the capacity rule opens at most this many sessions
 MAX_TTL_S = 5.0  # the reaping rule waits out at most this TTL

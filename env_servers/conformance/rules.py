@@ -1,4 +1,4 @@
-"""The rules every server follows (the header of protos/roll_lightning/env/v1/env.proto), one check each.
+"""The rules every server follows (the header of protos/roll_lightning/protocol/v1/env.proto), one check each.
 
 Each check takes a `Suite`, raises `CheckFailed` naming what is wrong, and leaves the sessions it opened to the
 runner to close.
@@ -24,7 +24,7 @@ from env_servers.conformance.target import (
     rid,
     step_request,
 )
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 FAIL = grpc.StatusCode.FAILED_PRECONDITION
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from env_servers.conformance.target import SERVICE, CheckFailed, Skipped, Suite, Target
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
 @dataclass(frozen=True)

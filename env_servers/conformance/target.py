@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 CODE = {code.value[0]: code for code in grpc.StatusCode}

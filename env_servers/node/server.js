@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 'use strict';
-// A Node.js env server for the roll_lightning env protocol (protos/roll_lightning/env/v1/env.proto):
+// A Node.js env server for the roll_lightning env protocol (protos/roll_lightning/protocol/v1/env.proto):
 // EnvService + grpc.health.v1 + server reflection, idle-session reaping, graceful drain on SIGTERM/SIGINT.
 //
 //   node env_servers/node/server.js [ENV_ID ...] --host 127.0.0.1 --port 0 [--max-sessions N]
@@ -22,7 +22,7 @@ const { EnvService, guardedDefinition, SERVICE_NAME } = require('./lib/service')
 const { addReflection } = require('./lib/reflection');
 
 const PROTO_ROOT = process.env.ROLL_ENV_PROTO_ROOT || path.resolve(__dirname, '../../protos');
-const ENV_PROTO = 'roll_lightning/env/v1/env.proto';
+const ENV_PROTO = 'roll_lightning/protocol/v1/env.proto';
 const LOADER_OPTIONS = {
   keepCase: true,
   longs: String, // uint64 (seed, tag) as decimal strings: full 64-bit values, BigInt inside

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from env_servers.server.guards import SERVICE_NAME, DecodeGuard, TokenInterceptor, receive_limit, token_problem
 from env_servers.server.service import EnvService
 from env_servers.server.sessions import SessionTable
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 log = logging.getLogger("env_servers")
 SEND_LIMIT_BYTES = 16 * 1024 * 1024  # answers (observations) are not bounded by the action size

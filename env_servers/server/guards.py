@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 # The largest request a client is expected to send is a BatchStep of `EnvPool`'s default max_batch (256) items,

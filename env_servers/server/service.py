@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import grpc
 
 from env_servers.server.sessions import ProtocolError, SessionTable
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 # Items slower than this (per item, measured) are spread over the pool's threads instead of run one by one.
 PARALLEL_ITEM_S = 0.001

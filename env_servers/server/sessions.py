@@ -4,7 +4,7 @@ This module owns the protocol's *rules*; `service.py` owns the transport. Every 
 synchronous and runs on a worker thread (env calls can take milliseconds to seconds); a per-session lock
 serialises calls to one session, so two retries racing each other still see a consistent state.
 
-Rules (see protos/roll_lightning/env/v1/env.proto):
+Rules (see protos/roll_lightning/protocol/v1/env.proto):
 - Reset/Step/CreateSession carry a client request_id; the same request_id on the latest call of its kind
   replays the cached answer instead of running the env again.
 - Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
@@ -29,7 +29,7 @@ from google.protobuf import json_format
 
 from env_servers.api import ConfigError, EnvSpec, TextEnv, config_schema
 from env_servers.registry import EnvEntry, get_env
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
 class ProtocolError(Exception):

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 from roll_lightning.env_client.errors import RETRYABLE, EpisodeFailed
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 T = TypeVar("T")

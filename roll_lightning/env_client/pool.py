@@ -34,7 +34,6 @@ from typing import Any, Literal
 import grpc
 from grpc_health.v1 import health_pb2
 
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env_client.client import EnvClient
 from roll_lightning.env_client.errors import (
     REFUSED,
@@ -46,6 +45,7 @@ from roll_lightning.env_client.errors import (
 )
 from roll_lightning.env_client.local import LocalServer, launch_local_server
 from roll_lightning.env_client.session import EnvSession, new_request_id
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 log = logging.getLogger("roll_lightning.env_client")
 Transport = Literal["batch", "stream", "unary"]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import json_format
 
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env_client.errors import EchoMismatch, EpisodeFailed
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 if TYPE_CHECKING:
     from roll_lightning.env_client.pool import Endpoint, EnvPool

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from support.servers import start_server
 
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env_client import EnvOutage, EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.local import launch_local_server
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 ACTIONS = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>", "<answer>Up</answer>", "bad"]
 
@@ -229,7 +229,7 @@ async def test_sigterm_drains_gracefully(subprocess_env):
             await asyncio.sleep(0.2)
             with pytest.raises(EpisodeFailed) as refused:
                 await pool.endpoints[0].client.create_session(
-                    __import__("roll_lightning.env.v1.env_pb2", fromlist=["x"]).CreateSessionRequest(
+                    __import__("roll_lightning.protocol.v1.env_pb2", fromlist=["x"]).CreateSessionRequest(
                         env_id="slow", request_id="late"
                     ),
                     timeout=0.5,

@@ -13,7 +13,7 @@ import grpc
 
 from env_servers.server import EnvServer, RunningServer, ServerConfig
 from env_servers.server.service import EnvService
-from roll_lightning.env.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
 class ServerWideReplay(EnvService):

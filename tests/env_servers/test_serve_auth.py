@@ -15,7 +15,7 @@ import pytest
 
 from roll_lightning.env_client.local import launch_local_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,7 @@ from env_servers.envs.webshop.reward import normalize_color, option_matches, typ
 from env_servers.envs.webshop.search import stem, tokenize
 from env_servers.registry import get_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # sha256 of the default generated catalogue (3000 products, seed 0). A deliberate generator change must update this
 # and bump CATALOGUE_VERSION; an accidental one (or a Python whose random streams differ) fails here.
 DEFAULT_FINGERPRINT = "50f96dcf65c4c2e6117099000283f6ae95ac930b438f530b119b60a02d445e21"

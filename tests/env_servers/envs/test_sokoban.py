@@ -19,7 +19,7 @@ from env_servers.api import ConfigError, parse_config
 from env_servers.envs.sokoban import Level, SokobanConfig, SokobanEnv, generate_level, solve
 from env_servers.registry import get_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # Player left of a box, target two cells right of the box.
 CORRIDOR = """\

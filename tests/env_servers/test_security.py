@@ -11,10 +11,10 @@ import trustme
 from support.servers import start_server
 
 from env_servers.server.guards import receive_limit
-from roll_lightning.env.v1 import env_pb2 as pb
 from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.client import EnvClient
 from roll_lightning.env_client.errors import EndpointRefused
+from roll_lightning.protocol.v1 import env_pb2 as pb
 
 SERVICE = "/roll_lightning.env.v1.EnvService"
 

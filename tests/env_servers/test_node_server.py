@@ -33,13 +33,13 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 from roll_lightning.env_client.errors import EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.local import LocalServer
 from roll_lightning.env_client.pool import EnvPool
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
-NODE_DIR = Path(__file__).resolve().parent.parent / "env_servers" / "node"
+NODE_DIR = Path(__file__).resolve().parents[2] / "env_servers" / "node"
 SERVER_JS = NODE_DIR / "server.js"
 NPM_INSTALL = ["npm", "ci", "--no-audit", "--no-fund"]  # run in env_servers/node (installs package-lock.json)
 NODE = shutil.which("node")

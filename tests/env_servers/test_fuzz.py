@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 # What a refusal may look like; UNKNOWN would mean an unhandled exception in the server.
 EXPECTED = {

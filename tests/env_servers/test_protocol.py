@@ -12,8 +12,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from support.plugin_envs import SlowEnv
 from support.servers import start_server
 
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 
 @pytest.fixture

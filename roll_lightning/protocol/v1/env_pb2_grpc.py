@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from roll_lightning.env.v1 import env_pb2 as roll__lightning_dot_env_dot_v1_dot_env__pb2
+from roll_lightning.protocol.v1 import env_pb2 as roll__lightning_dot_protocol_dot_v1_dot_env__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in roll_lightning/env/v1/env_pb2_grpc.py depends on'
+        + ' but the generated code in roll_lightning/protocol/v1/env_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,48 +36,48 @@ class EnvServiceStub:
         """
         self.GetServerInfo = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/GetServerInfo',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.GetServerInfoRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ServerInfo.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ServerInfo.FromString,
                 _registered_method=True)
         self.DescribeEnv = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/DescribeEnv',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.DescribeEnvRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.EnvSpec.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.DescribeEnvRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.EnvSpec.FromString,
                 _registered_method=True)
         self.CreateSession = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/CreateSession',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionResponse.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/CloseSession',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionResponse.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
         self.Reset = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/Reset',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetResult.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetResult.FromString,
                 _registered_method=True)
         self.Step = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/Step',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StepResult.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepResult.FromString,
                 _registered_method=True)
         self.BatchReset = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/BatchReset',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetResponse.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetResponse.FromString,
                 _registered_method=True)
         self.BatchStep = channel.unary_unary(
                 '/roll_lightning.env.v1.EnvService/BatchStep',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepResponse.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepResponse.FromString,
                 _registered_method=True)
         self.Stream = channel.stream_stream(
                 '/roll_lightning.env.v1.EnvService/Stream',
-                request_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
-                response_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamResponse.FromString,
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.FromString,
                 _registered_method=True)
 
 
@@ -148,48 +148,48 @@ def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.GetServerInfoRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ServerInfo.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ServerInfo.SerializeToString,
             ),
             'DescribeEnv': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeEnv,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.DescribeEnvRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.EnvSpec.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.DescribeEnvRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.EnvSpec.SerializeToString,
             ),
             'CreateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSession,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionResponse.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionResponse.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionResponse.SerializeToString,
             ),
             'Reset': grpc.unary_unary_rpc_method_handler(
                     servicer.Reset,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetResult.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetResult.SerializeToString,
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StepRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StepResult.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepResult.SerializeToString,
             ),
             'BatchReset': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchReset,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetResponse.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetResponse.SerializeToString,
             ),
             'BatchStep': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchStep,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepResponse.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepResponse.SerializeToString,
             ),
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamRequest.FromString,
-                    response_serializer=roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamResponse.SerializeToString,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,8 +217,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/GetServerInfo',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.GetServerInfoRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.ServerInfo.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.GetServerInfoRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ServerInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -244,8 +244,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/DescribeEnv',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.DescribeEnvRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.EnvSpec.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.DescribeEnvRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.EnvSpec.FromString,
             options,
             channel_credentials,
             insecure,
@@ -271,8 +271,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/CreateSession',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.CreateSessionResponse.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CreateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -298,8 +298,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/CloseSession',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.CloseSessionResponse.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -325,8 +325,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/Reset',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.ResetResult.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ResetResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -352,8 +352,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/Step',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.StepResult.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StepResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -379,8 +379,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/BatchReset',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchResetResponse.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -406,8 +406,8 @@ class EnvService:
             request,
             target,
             '/roll_lightning.env.v1.EnvService/BatchStep',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.BatchStepResponse.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.BatchStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -433,8 +433,8 @@ class EnvService:
             request_iterator,
             target,
             '/roll_lightning.env.v1.EnvService/Stream',
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
-            roll__lightning_dot_env_dot_v1_dot_env__pb2.StreamResponse.FromString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

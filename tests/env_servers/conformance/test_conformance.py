@@ -2,7 +2,7 @@
 the loading, drain, crash and token rules too; servers with one protocol bug each fail exactly the check for
 that bug; the suite closes what it opens; bad input is one FAIL line, never a traceback.
 
-(The Node server runs the same suite in tests/test_node_server.py.)
+(The Node server runs the same suite in tests/env_servers/test_node_server.py.)
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from support.misbehaving import ServerWideReplay, UnaryOnly, start_misbehaving
 
 from env_servers.conformance import CHECKS, CheckResult, run_conformance
-from roll_lightning.env.v1 import env_pb2 as pb
-from roll_lightning.env.v1 import env_pb2_grpc as pb_grpc
 from roll_lightning.env_client.local import launch_local_server
+from roll_lightning.protocol.v1 import env_pb2 as pb
+from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 PYTHON_ENVS = ["sokoban", "frozenlake", "webshop"]
 SMALL = ["--max-sessions", "20", "--session-ttl", "2"]  # small enough for the capacity and reaping rules

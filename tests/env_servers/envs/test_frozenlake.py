@@ -21,7 +21,7 @@ from env_servers.registry import get_env
 gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def make_env(**overrides) -> FrozenLakeEnv:

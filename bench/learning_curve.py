@@ -99,7 +99,7 @@ def run_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 def summarise(estimator: str, cmd: list[str], run_dir: Path, wall: float) -> dict[str, Any]:
     """One run's curve and timings, from its metrics.csv."""
     series = read_metrics(run_dir)
-    elapsed = dict(series.get("timing/elapsed_s", []))
+    elapsed = dict(series.get("timing/elapsed_s_total", []))
     # An evaluation logged at step s ran after training step s: it started at that step's elapsed time. The
     # one before any update (at_fit_start) is logged at step 0 too, and started at 0.
     evals = [

@@ -40,7 +40,7 @@ def variants(config: Path) -> dict[str, list[dict[str, Any]]]:
 
 def summarise(name: str, cmd: list[str], run_dir: Path) -> dict[str, Any]:
     series = read_metrics(run_dir)
-    elapsed = dict(series.get("timing/elapsed_s", []))
+    elapsed = dict(series.get("timing/elapsed_s_total", []))
 
     def curve(key: str) -> list[dict[str, float]]:
         return [

@@ -55,10 +55,10 @@ class RollLightningCLI(LightningCLI):
         config.model.model = config.data.model = str(path)
 
     def after_instantiate_classes(self) -> None:
-        model, data = self.model, self.datamodule
-        data.rollout.check_estimator(model.algorithm.estimator)
-        if model.algorithm.estimator == "gigpo" and data.rollout.episode.layout != "step":
-            raise ValueError("model.algorithm.estimator=gigpo needs data.rollout.episode.layout: step")
+        from roll_lightning.training.estimate import check_rows
+
+        rollout = self.datamodule.rollout  # checked before any server starts (the module checks each batch too)
+        check_rows(self.model.estimator, rollout.episode.row_layout, rollout.group_size)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         from roll_lightning.callbacks.progress import RunProgress

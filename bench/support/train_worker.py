@@ -27,7 +27,6 @@ import torch
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.episode import Episode, Turn
 from roll_lightning.training import AlgorithmConfig
-from roll_lightning.training.forward import plan_micro_batches
 
 # -- the synthetic multi-turn batch ----------------------------------------------------------------------
 
@@ -85,14 +84,10 @@ def plan_stats(batch: RolloutBatch, algorithm: AlgorithmConfig) -> dict[str, Any
     """What one gradient pass over ``batch`` computes under ``algorithm`` (mini_batches=1: every row, one plan),
     using the module's own planner: real tokens, computed tokens (rows x width per forward), largest forward."""
     lengths = batch.attention_mask.sum(-1).tolist()
-    plans = plan_micro_batches(
-        lengths,
-        algorithm.micro_batching,
-        max_tokens=algorithm.max_tokens_per_micro,
-        micro_batch_size=algorithm.micro_batch_size,
-    )
+    planner = algorithm.micro_batcher
+    plans = planner.plan(lengths)
     width = batch.input_ids.shape[1]
-    forwards = [len(p) * (width if algorithm.micro_batching == "fixed" else max(lengths[i] for i in p)) for p in plans]
+    forwards = [len(p) * (width if planner.pads_to_batch else max(lengths[i] for i in p)) for p in plans]
     real = int(sum(lengths))
     computed = int(sum(forwards))
     return {

@@ -3,17 +3,17 @@
 Pure tensor functions, no I/O; each docstring states its equation and the verl-agent / ROLL convention it
 follows, and where the two differ. Ids from `RolloutBatch` are lists of strings: map them with `ids_to_index`
 and `anchor_ids` first.
+
+One algorithm, one file: `grpo.py`, `gigpo.py`, `ppo_gae.py` (each an `estimator.Estimator` that declares what
+it needs), and the policy terms in `policy_loss.py` (`PPO`, `GSPO`). `ESTIMATORS` and `POLICY_LOSSES` map the
+config's names to them.
 """
 
-from roll_lightning.algorithms.advantages import (
-    discounted_step_returns,
-    gae_advantages,
-    gigpo_advantages,
-    grpo_advantages,
-    whiten,
-)
 from roll_lightning.algorithms.aggregation import AGG_MODES, AggMode, aggregate, masked_mean
+from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
+from roll_lightning.algorithms.gigpo import GiGPO, discounted_step_returns, gigpo_advantages
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index, segment_ids
+from roll_lightning.algorithms.grpo import GRPO, grpo_advantages
 from roll_lightning.algorithms.losses import (
     KLKind,
     entropy_from_logits,
@@ -22,9 +22,23 @@ from roll_lightning.algorithms.losses import (
     ppo_policy_loss,
     value_loss,
 )
+from roll_lightning.algorithms.policy_loss import GSPO, POLICY_LOSSES, PPO, PolicyLoss
+from roll_lightning.algorithms.ppo_gae import PPOGAE, gae_advantages, whiten
+
+ESTIMATORS: dict[str, type[GRPO] | type[GiGPO] | type[PPOGAE]] = {e.name: e for e in (GRPO, GiGPO, PPOGAE)}
 
 __all__ = [
     "AGG_MODES",
+    "ESTIMATORS",
+    "GRPO",
+    "GSPO",
+    "POLICY_LOSSES",
+    "PPO",
+    "PPOGAE",
+    "AdvantageInputs",
+    "Estimator",
+    "GiGPO",
+    "PolicyLoss",
     "AggMode",
     "KLKind",
     "aggregate",

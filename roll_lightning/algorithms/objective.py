@@ -2,8 +2,8 @@
 
     L = P + c_kl K - c_H H + c_V V
 
-    P  policy term:  PPO  aggregate(l^PPO, m, agg)              (`losses.ppo_token_losses`)
-                     GSPO mean_j (1/|y_j|) sum_{t in j} l^GSPO_t  (`losses.gspo_token_losses`)
+    P  policy term:  PPO  aggregate(l^PPO, m, agg)              (`policy_loss.PPO`)
+                     GSPO mean_j (1/|y_j|) sum_{t in j} l^GSPO_t  (`policy_loss.GSPO`)
     K  KL to the reference:  aggregate(kl_t, m, agg)            (`losses.kl_penalty`)
     H  entropy bonus:        aggregate(H_t, m, agg)
     V  critic (ppo-gae):     aggregate(0.5 max((v-R)^2, (v_clip-R)^2), m, token-mean)   (`losses.value_token_losses`)
@@ -22,12 +22,13 @@ re-weighted by its share, which is exact for token-mean PPO alone; GSPO with a K
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
 from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import AggMode, denominator, numerator
+from roll_lightning.algorithms.policy_loss import PPO, PolicyLoss
 
 # Metrics that are parts of the loss: a micro-batch's value is its contribution, so they add up (the others are
 # means or extrema over the micro-batch's tokens, averaged over micro-batches weighted by their tokens).
@@ -65,15 +66,13 @@ class MicroInputs:
 class Objective:
     """The loss's settings, chosen once (from `training.config.AlgorithmConfig.objective`).
 
+    ``policy``: the policy term P with its clip range (`policy_loss.PPO` or `policy_loss.GSPO`).
     ``norm_len``: the constant of ``seq-mean-token-sum-norm`` (None: the padded width of the batch the
     divisors are taken from, the same for all its micro-batches).
     """
 
-    loss: str = "ppo"
+    policy: PolicyLoss = field(default_factory=PPO)
     aggregation: AggMode = "token-mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
     norm_len: int | None = None
     kl_coef: float = 0.0
     kl_kind: losses.KLKind = "low_var_kl"
@@ -86,10 +85,8 @@ class Objective:
         an off-policy mask dropped tokens, ``policy_mask`` (what is left of the policy term)."""
         norm_len = self.norm_len if self.norm_len is not None else mask.shape[-1]
         pmask = mask if policy_mask is None else policy_mask
-        rows = float((pmask.bool().sum(-1) > 0).sum().clamp(min=1))
-        policy = rows if self.loss == "gspo" else denominator(pmask, self.aggregation, norm_len)
         return Divisors(
-            policy=policy,
+            policy=self.policy.divisor(pmask, self.aggregation, norm_len),
             regularizer=denominator(mask, self.aggregation, norm_len),
             value=denominator(mask, "token-mean", norm_len),
         )
@@ -97,21 +94,10 @@ class Objective:
     def __call__(self, x: MicroInputs, d: Divisors) -> tuple[Tensor, dict[str, Tensor]]:
         """This micro-batch's share of ``L`` (sum them over the mini-batch's micro-batches) and its metrics."""
         pmask = x.mask if x.policy_mask is None else x.policy_mask
-        if self.loss == "gspo":
-            token_losses, _, metrics = losses.gspo_token_losses(
-                x.logp, x.old_logp, x.advantages, pmask, clip_low=self.clip_low, clip_high=self.clip_high
-            )
-        else:
-            token_losses, metrics = losses.ppo_token_losses(
-                x.logp, x.old_logp, x.advantages, pmask, clip_low=self.clip_low, clip_high=self.clip_high,
-                dual_clip=self.dual_clip,
-            )  # fmt: skip
+        token_losses, metrics = self.policy.token_losses(x.logp, x.old_logp, x.advantages, pmask)
         if x.is_weights is not None:
             token_losses = token_losses * x.is_weights
-        if self.loss == "gspo":
-            policy = token_losses.sum() / d.policy
-        else:
-            policy = numerator(token_losses, pmask, self.aggregation) / d.policy
+        policy = self.policy.numerator(token_losses, pmask, self.aggregation) / d.policy
         out = dict(metrics)
         out["pg_loss"] = policy.detach()
         total = policy

@@ -79,8 +79,7 @@ def turn_advantages(batch: RolloutBatch, row_values: Sequence[float]) -> dict[tu
     row covers all of its episode's turns (``step`` holds their number), which then share its value."""
     out: dict[tuple[str, int], float] = {}
     for traj, step, value in zip(batch.traj_id, batch.step.tolist(), row_values, strict=True):
-        turns = range(int(step)) if batch.layout == "trajectory" else (int(step),)
-        for turn in turns:
+        for turn in batch.layout.turns_of_row(int(step)):
             out[(traj, turn)] = float(value)
     return out
 

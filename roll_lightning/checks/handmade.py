@@ -44,7 +44,7 @@ def handmade_batch(model_dir: Path, tokenizer: Any, groups: int = 2, layout: str
             turn = Turn(prompt, response, logp.tolist(), "stop", 0, observation=f"board {g}", reply=reply)
             turn.reward = 1.0 if reply == GOOD else 0.0
             episodes.append(Episode(group_index=g, member=member, seed=100 + g, env_id="handmade", turns=[turn]))
-    return collate(episodes, layout, tokenizer.pad_token_id)  # type: ignore[arg-type]
+    return collate(episodes, layout, tokenizer.pad_token_id)
 
 
 def reply_logprob(model: torch.nn.Module, batch: RolloutBatch, row: int) -> float:

@@ -1,6 +1,6 @@
 """`RolloutBatch`: the training rows made from finished episodes (the contract with the training module).
 
-Layouts (``layout`` in the rollout config):
+Layouts (``layout`` in the rollout config; `layout.Layout` makes the rows):
 - ``trajectory``: one row per episode: ``[prompt_1, reply_1, obs_2 ..., reply_2, ...]``; `response_mask`
   marks every model-written token of every turn.
 - ``step``: one row per turn: that turn's full prompt + reply, with its ``step`` index and ``anchor``
@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from roll_lightning.rollout.episode import Episode, Layout
+from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.layout import TRAJECTORY, Layout, Row, layout_named
 
 TENSOR_FIELDS = (
     "input_ids",
@@ -68,7 +69,7 @@ class RolloutBatch:
     traj_id: list[str]
     env_ids: list[str]
     anchor: list[str]
-    layout: str = "trajectory"
+    layout: Layout = TRAJECTORY
     episode_metrics: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list, repr=False)  # the source episodes (dumps, debugging)
@@ -102,14 +103,13 @@ class RolloutBatch:
         return RolloutBatch(**{**current, **values})
 
 
-def collate(episodes: Sequence[Episode], layout: Layout, pad_id: int) -> RolloutBatch:
-    """Turn finished episodes into padded rows of the chosen layout."""
-    rows: list[dict[str, Any]] = []
-    for ep in episodes:
-        rows.extend(_trajectory_row(ep) if layout == "trajectory" else _step_rows(ep))
+def collate(episodes: Sequence[Episode], layout: Layout | str, pad_id: int) -> RolloutBatch:
+    """Turn finished episodes into padded rows of the chosen layout (a `Layout` or its name)."""
+    layout = layout_named(layout)
+    rows: list[Row] = [row for ep in episodes for row in layout.rows(ep)]
     if not rows:
         raise ValueError("collate: no rows (every episode had zero turns)")
-    width = max(len(r["ids"]) for r in rows)
+    width = max(len(r.ids) for r in rows)
     n = len(rows)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
     attention = torch.zeros((n, width), dtype=torch.long)
@@ -118,14 +118,14 @@ def collate(episodes: Sequence[Episode], layout: Layout, pad_id: int) -> Rollout
     logprobs = torch.zeros((n, width), dtype=torch.float32)
     scores = torch.zeros((n, width), dtype=torch.float32)
     for i, r in enumerate(rows):
-        length = len(r["ids"])
-        input_ids[i, :length] = torch.tensor(r["ids"], dtype=torch.long)
+        length = len(r.ids)
+        input_ids[i, :length] = torch.tensor(r.ids, dtype=torch.long)
         attention[i, :length] = 1
-        response[i, :length] = torch.tensor(r["response"], dtype=torch.bool)
-        logprobs[i, :length] = torch.tensor(r["logprobs"], dtype=torch.float32)
-        first_reply = r["response"].index(True) if True in r["response"] else length
+        response[i, :length] = torch.tensor(r.response, dtype=torch.bool)
+        logprobs[i, :length] = torch.tensor(r.logprobs, dtype=torch.float32)
+        first_reply = r.response.index(True) if True in r.response else length
         prompt[i, :first_reply] = True
-        for position, reward in r["rewards"]:
+        for position, reward in r.rewards:
             scores[i, position] = reward
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0) * attention
     return RolloutBatch(
@@ -136,62 +136,15 @@ def collate(episodes: Sequence[Episode], layout: Layout, pad_id: int) -> Rollout
         prompt_mask=prompt,
         behaviour_logprobs=logprobs,
         scores=scores,
-        step_scores=torch.tensor([r["step_score"] for r in rows], dtype=torch.float32),
-        episode_scores=torch.tensor([r["episode"].score for r in rows], dtype=torch.float32),
-        step=torch.tensor([r["step"] for r in rows], dtype=torch.long),
-        policy_version=torch.tensor([r["version"] for r in rows], dtype=torch.long),
-        traj_group_id=[r["episode"].group_key for r in rows],
-        traj_id=[r["episode"].traj_key for r in rows],
-        env_ids=[r["episode"].env_id for r in rows],
-        anchor=[r["anchor"] for r in rows],
+        step_scores=torch.tensor([r.step_score for r in rows], dtype=torch.float32),
+        episode_scores=torch.tensor([r.episode.score for r in rows], dtype=torch.float32),
+        step=torch.tensor([r.step for r in rows], dtype=torch.long),
+        policy_version=torch.tensor([r.version for r in rows], dtype=torch.long),
+        traj_group_id=[r.episode.group_key for r in rows],
+        traj_id=[r.episode.traj_key for r in rows],
+        env_ids=[r.episode.env_id for r in rows],
+        anchor=[r.anchor for r in rows],
         layout=layout,
         episode_metrics=[ep.metrics() for ep in episodes],
         episodes=list(episodes),
     )
-
-
-def _trajectory_row(ep: Episode) -> list[dict[str, Any]]:
-    if not ep.turns:
-        return []
-    ids: list[int] = []
-    response: list[bool] = []
-    logprobs: list[float] = []
-    rewards: list[tuple[int, float]] = []
-    for turn in ep.turns:
-        ids += turn.prompt_ids + turn.response_ids
-        response += [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids)
-        logprobs += [0.0] * len(turn.prompt_ids) + turn.logprobs
-        rewards.append((len(ids) - 1, turn.reward))
-    return [
-        {
-            "ids": ids,
-            "response": response,
-            "logprobs": logprobs,
-            "rewards": rewards,
-            "step_score": ep.score,
-            "step": len(ep.turns),
-            "version": ep.policy_version,
-            "anchor": ep.turns[0].observation,
-            "episode": ep,
-        }
-    ]
-
-
-def _step_rows(ep: Episode) -> list[dict[str, Any]]:
-    rows = []
-    for k, turn in enumerate(ep.turns):
-        ids = turn.prompt_ids + turn.response_ids
-        rows.append(
-            {
-                "ids": ids,
-                "response": [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
-                "logprobs": [0.0] * len(turn.prompt_ids) + turn.logprobs,
-                "rewards": [(len(ids) - 1, turn.reward)],
-                "step_score": turn.reward,
-                "step": k,
-                "version": turn.policy_version,
-                "anchor": turn.observation,
-                "episode": ep,
-            }
-        )
-    return rows

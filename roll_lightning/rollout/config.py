@@ -22,9 +22,8 @@ from roll_lightning.rollout.tags import (
 if TYPE_CHECKING:
     from roll_lightning.env_client import EnvPool
 
-__all__ = ["GROUP_ESTIMATORS", "EnvsConfig", "EvalConfig", "RolloutConfig", "RolloutConfigError"]
+__all__ = ["EnvsConfig", "EvalConfig", "RolloutConfig", "RolloutConfigError"]
 
-GROUP_ESTIMATORS = ("grpo", "gigpo")
 DEFAULT_ENV = "sokoban"
 
 
@@ -164,14 +163,6 @@ class RolloutConfig:
     def tagged(self) -> bool:
         """True when the config names its envs (``envs``): each tag then gets its own metrics."""
         return bool(self.envs)
-
-    def check_estimator(self, estimator: str) -> None:
-        """Group-normalised estimators compare members of a group: a group of one has nothing to compare."""
-        if estimator in GROUP_ESTIMATORS and self.group_size < 2:
-            raise RolloutConfigError(
-                f"data.rollout.group_size={self.group_size}: the '{estimator}' estimator normalises within groups and "
-                "needs group_size >= 2"
-            )
 
 
 @dataclass(frozen=True)

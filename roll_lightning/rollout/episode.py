@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
-from roll_lightning.rollout.chat import PromptConfig, TokenHistory, fresh_prompt
+from roll_lightning.rollout.chat import PromptConfig, TokenHistory
 from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.layout import Layout, layout_named
 
-Layout = Literal["trajectory", "step"]
+LayoutName = Literal["trajectory", "step"]
 EndReason = Literal["terminated", "truncated", "max_turns", "context"]
 
 
@@ -55,7 +56,6 @@ class Episode:
     episode_id: str = ""
     turns: list[Turn] = field(default_factory=list)
     end_reason: EndReason = "terminated"
-    layout: Layout = "trajectory"
     attempts: int = 1
     wall_s: float = 0.0
     final_observation: str = ""  # what the env showed after the last move (the hole, the goal, the solved board)
@@ -99,11 +99,16 @@ class Episode:
 
 @dataclass(frozen=True)
 class EpisodeSettings:
-    layout: Layout = "trajectory"
+    layout: LayoutName = "trajectory"
     max_turns: int = 10
     max_context_tokens: int = 2048
     sampling: SamplingParams = SamplingParams()
     prompt: PromptConfig = PromptConfig()
+
+    @property
+    def row_layout(self) -> Layout:
+        """The `layout.Layout` that ``layout`` names: what each turn's prompt is, and the rows an episode makes."""
+        return layout_named(self.layout)
 
 
 class EpisodeBuilder:
@@ -113,6 +118,7 @@ class EpisodeBuilder:
         self, tokenizer: Any, settings: EpisodeSettings, spec: Any, episode: Episode, stop_ids: set[int]
     ) -> None:
         self.tokenizer, self.settings, self.spec, self.episode = tokenizer, settings, spec, episode
+        self.layout = settings.row_layout
         self.stop_ids = stop_ids
         self.history = TokenHistory(tokenizer)
         self.observation = ""
@@ -127,7 +133,7 @@ class EpisodeBuilder:
         spec_max = int(getattr(self.spec, "max_steps", 0) or 0)
         return min(self.settings.max_turns, spec_max) if spec_max else self.settings.max_turns
 
-    def _user_message(self, turn: int, observation: str) -> str:
+    def user_message(self, turn: int, observation: str) -> str:
         p = self.settings.prompt
         text = p.turn_template.format(
             turn=turn + 1,
@@ -154,13 +160,8 @@ class EpisodeBuilder:
         if turn >= self.max_turns:
             self._end("max_turns")
             return None
-        if self.settings.layout == "trajectory":
-            added = self.history.add_user(self._user_message(turn, self.observation))
-            self._pending_prompt = added
-            context = len(self.history.ids)
-        else:
-            self._pending_prompt = fresh_prompt(self.tokenizer, self._window_messages(turn))
-            context = len(self._pending_prompt)
+        self._pending_prompt, prompt = self.layout.next_prompt(self, turn)
+        context = len(prompt)
         room = self.settings.max_context_tokens - context
         if room < 1:
             if turn == 0:
@@ -173,28 +174,21 @@ class EpisodeBuilder:
         params = self.settings.sampling
         if room < params.max_new_tokens:
             params = params.replace(max_new_tokens=room)
-        prompt = self.history.ids if self.settings.layout == "trajectory" else self._pending_prompt
-        return list(prompt), params
+        return prompt, params
 
-    def _window_messages(self, turn: int) -> list[dict[str, str]]:
+    def window_messages(self, turn: int) -> list[dict[str, str]]:
         messages = [m for m in self.history.messages if m["role"] == "system"]
         first = max(0, turn - self.settings.prompt.history_turns)
         for past in range(first, turn):
             t = self.episode.turns[past]
-            messages.append({"role": "user", "content": self._user_message(past, t.observation)})
+            messages.append({"role": "user", "content": self.user_message(past, t.observation)})
             messages.append({"role": "assistant", "content": t.reply})
-        messages.append({"role": "user", "content": self._user_message(turn, self.observation)})
+        messages.append({"role": "user", "content": self.user_message(turn, self.observation)})
         return messages
 
     def record_reply(self, generation: Generation, generate_s: float) -> str:
         """Store the reply; return the action text for the env."""
-        if self.settings.layout == "trajectory":
-            reply = self.history.add_reply(generation.token_ids, self.stop_ids)
-        else:
-            body = generation.token_ids
-            if body and body[-1] in self.stop_ids:
-                body = body[:-1]
-            reply = self.tokenizer.decode(body, skip_special_tokens=False)
+        reply = self.layout.reply_text(self, list(generation.token_ids))
         self.episode.turns.append(
             Turn(
                 prompt_ids=self._pending_prompt,

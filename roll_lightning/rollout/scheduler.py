@@ -117,7 +117,7 @@ class RolloutScheduler:
         for group in [*groups, *filtered]:  # filtered groups are settled too: never replayed after a resume
             self.settle(group)
         episodes = [ep for g in groups for ep in sorted(g.episodes, key=lambda e: e.member)[: g.size]]
-        batch = collate(episodes, self.config.episode.layout, _pad_id(self.tokenizer))
+        batch = collate(episodes, self.config.episode.row_layout, _pad_id(self.tokenizer))
         batch.metrics = batch_metrics(
             episodes, self, wall_s=time.perf_counter() - started, engine_before=before, engine_after=self.engine.stats()
         )
@@ -378,7 +378,7 @@ class RolloutScheduler:
 
     def new_episode(self, group: Group, member: int) -> Episode:
         lane = self.lanes[group.lane].lane
-        return Episode(group.index, member, group.seed, lane.env_id, layout=lane.episode.layout, tag=lane.tag)
+        return Episode(group.index, member, group.seed, lane.env_id, tag=lane.tag)
 
     def builder(self, lane: LaneState, session: EnvSession, episode: Episode) -> EpisodeBuilder:
         """The episode's bookkeeping, with its env's settings (prompt, turns, budget, sampling)."""

@@ -90,7 +90,7 @@ class EnvServers:
                 first = await session.reset(seed=1)
             except EpisodeFailed:
                 return  # a fault, not a config error: the run's own retries deal with those
-            episode = Episode(0, 0, 1, lane.env_id, layout=lane.episode.layout, tag=lane.tag)
+            episode = Episode(0, 0, 1, lane.env_id, tag=lane.tag)
             builder = EpisodeBuilder(tokenizer, lane.episode, session.spec, episode, set())
             builder.start(first, time.perf_counter() - started)
             builder.next_request()

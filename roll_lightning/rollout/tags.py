@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from roll_lightning.rollout.episode import EpisodeSettings
+from roll_lightning.rollout.layout import LAYOUTS
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -139,8 +140,8 @@ def resolve(
 
 def check_episode(settings: EpisodeSettings, key: str) -> None:
     """The episode settings every lane must satisfy (one turn fits the context budget, ...)."""
-    if settings.layout not in ("trajectory", "step"):
-        raise RolloutConfigError(f"{key}.layout must be 'trajectory' or 'step', got {settings.layout!r}")
+    if settings.layout not in LAYOUTS:
+        raise RolloutConfigError(f"{key}.layout must be one of {', '.join(LAYOUTS)}, got {settings.layout!r}")
     if settings.max_turns < 1:
         raise RolloutConfigError(f"{key}.max_turns must be >= 1, got {settings.max_turns}")
     if settings.max_context_tokens <= settings.sampling.max_new_tokens:

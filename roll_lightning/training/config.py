@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
 from roll_lightning.algorithms.objective import Objective
+from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
-Estimator = Literal["grpo", "gigpo", "ppo-gae"]
-PolicyLoss = Literal["ppo", "gspo"]
+EstimatorName = Literal["grpo", "gigpo", "ppo-gae"]
+PolicyLossName = Literal["ppo", "gspo"]
 BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -32,7 +34,7 @@ _RULES = {
     "max_tokens_per_micro": ">= 1",
     "temperature": "> 0",
     "kl_coef": ">= 0",
-    "dual_clip": "> 1, or null (off)",
+    "dual_clip": "> 1, or null (off); it is loss: ppo's alone",
     "clip_low": ">= 0, or null (the loss's default)",
     "clip_high": ">= 0, or null (the loss's default)",
     "gamma": "in [0, 1]",
@@ -122,7 +124,7 @@ class AlgorithmConfig:
             step-level term over identical states; needs ``rollout.episode.layout: step``), ``ppo-gae`` (a
             critic and GAE).
         loss: ``ppo`` (token-level clipped ratio) or ``gspo`` (sequence-level ratio, narrow clip).
-        clip_low / clip_high: ratio clip range (None = 0.2/0.2 for ppo, 3e-4/4e-4 for gspo).
+        clip_low / clip_high: ratio clip range (None = the loss's own: 0.2/0.2 for ppo, 3e-4/4e-4 for gspo).
         dual_clip: ppo only: a lower bound ``c`` (> 1) on the loss of negative-advantage tokens.
         aggregation: how token losses become one number (ppo): ``token-mean`` | ``seq-mean-token-sum`` |
             ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``.
@@ -156,8 +158,8 @@ class AlgorithmConfig:
         gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% more compute).
     """
 
-    estimator: Estimator = "grpo"
-    loss: PolicyLoss = "ppo"
+    estimator: EstimatorName = "grpo"
+    loss: PolicyLossName = "ppo"
     clip_low: float | None = None
     clip_high: float | None = None
     dual_clip: float | None = None
@@ -186,8 +188,8 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "estimator": self.estimator in ("grpo", "gigpo", "ppo-gae"),
-            "loss": self.loss in ("ppo", "gspo"),
+            "estimator": self.estimator in ESTIMATORS,
+            "loss": self.loss in POLICY_LOSSES,
             "aggregation": self.aggregation
             in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
             "ppo_epochs": self.ppo_epochs >= 1,
@@ -197,7 +199,7 @@ class AlgorithmConfig:
             "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
             "temperature": self.temperature > 0,
             "kl_coef": self.kl_coef >= 0,
-            "dual_clip": self.dual_clip is None or self.dual_clip > 1,
+            "dual_clip": self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip),
             "micro_batching": self.micro_batching in ("token_budget", "fixed"),
             "clip_low": self.clip_low is None or self.clip_low >= 0,
             "clip_high": self.clip_high is None or self.clip_high >= 0,
@@ -219,27 +221,38 @@ class AlgorithmConfig:
             )
 
     @property
-    def clip(self) -> tuple[float, float]:
-        low_default, high_default = (3e-4, 4e-4) if self.loss == "gspo" else (0.2, 0.2)
-        return (
-            low_default if self.clip_low is None else self.clip_low,
-            high_default if self.clip_high is None else self.clip_high,
-        )
+    def advantage_estimator(self) -> Estimator:
+        """The estimator ``estimator`` names (`algorithms.ESTIMATORS`), built with its own settings."""
+        settings: dict[str, dict[str, float | bool]] = {
+            "grpo": {"norm_by_std": self.norm_by_std},
+            "gigpo": {"gamma": self.gigpo_gamma, "step_weight": self.step_weight, "norm_by_std": self.norm_by_std},
+            "ppo-gae": {"gamma": self.gamma, "lam": self.lam},
+        }
+        return ESTIMATORS[self.estimator](**settings[self.estimator])  # type: ignore[arg-type]
+
+    @property
+    def policy_loss(self) -> PolicyLoss:
+        """The policy term ``loss`` names (`algorithms.POLICY_LOSSES`); an unset clip is the loss's own default."""
+        given = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
+        return POLICY_LOSSES[self.loss](**{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def micro_batcher(self) -> MicroBatching:
+        """How a mini-batch's rows become forward passes (``micro_batching``), with its size or token budget."""
+        if self.micro_batching == "fixed":
+            return FixedMicroBatches(self.micro_batch_size)
+        return TokenBudgetMicroBatches(self.max_tokens_per_micro)
 
     @property
     def uses_critic(self) -> bool:
-        return self.estimator == "ppo-gae"
+        return ESTIMATORS[self.estimator].uses_critic
 
     @property
     def objective(self) -> Objective:
         """The loss these settings describe (`algorithms.objective`), chosen once."""
-        low, high = self.clip
         return Objective(
-            loss=self.loss,
+            policy=self.policy_loss,
             aggregation=self.aggregation,
-            clip_low=low,
-            clip_high=high,
-            dual_clip=self.dual_clip,
             kl_coef=self.kl_coef,
             kl_kind=self.kl_kind,
             entropy_coef=self.entropy_coef,

@@ -8,6 +8,8 @@ distribution the engine sampled from (see `roll_lightning.rollout.engines.base`)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -15,24 +17,37 @@ import torch.nn.functional as F
 from roll_lightning.rollout.batch import RolloutBatch
 
 
-def plan_micro_batches(lengths: Sequence[int], mode: str, *, max_tokens: int, micro_batch_size: int) -> list[list[int]]:
-    """Group row indices into micro-batches.
+@dataclass(frozen=True)
+class FixedMicroBatches:
+    """``micro_batching: fixed``: consecutive rows, ``size`` at a time, each padded to the batch's longest row."""
 
-    ``fixed``: consecutive rows, ``micro_batch_size`` at a time. ``token_budget``: rows sorted by length
-    (longest first) and packed greedily while ``rows x longest`` stays within ``max_tokens`` (a row longer than
-    the budget goes alone), so each micro-batch pads only to its own longest row.
-    """
-    order = list(range(len(lengths)))
-    if mode == "fixed":
-        return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
-    order.sort(key=lambda i: -lengths[i])
-    plans: list[list[int]] = []
-    for i in order:
-        if plans and (len(plans[-1]) + 1) * lengths[plans[-1][0]] <= max_tokens:
-            plans[-1].append(i)
-        else:
-            plans.append([i])
-    return plans
+    size: int
+    pads_to_batch: ClassVar[bool] = True
+
+    def plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        return [list(range(i, min(i + self.size, len(lengths)))) for i in range(0, len(lengths), self.size)]
+
+
+@dataclass(frozen=True)
+class TokenBudgetMicroBatches:
+    """``micro_batching: token_budget``: rows sorted by length (longest first) and packed greedily while
+    ``rows x longest`` stays within ``max_tokens`` (a row longer than the budget goes alone), each micro-batch
+    padded only to its own longest row."""
+
+    max_tokens: int
+    pads_to_batch: ClassVar[bool] = False
+
+    def plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        plans: list[list[int]] = []
+        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            if plans and (len(plans[-1]) + 1) * lengths[plans[-1][0]] <= self.max_tokens:
+                plans[-1].append(i)
+            else:
+                plans.append([i])
+        return plans
+
+
+MicroBatching = FixedMicroBatches | TokenBudgetMicroBatches
 
 
 def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> RolloutBatch:

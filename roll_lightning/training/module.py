@@ -5,7 +5,7 @@ ahead of the weights that generated it) and does:
 
 1. no-grad passes: the old policy's log-probs (recomputed, or the engine's), the reference model's (KL), the
    critic's values (PPO-GAE);
-2. advantages (`roll_lightning.algorithms.advantages`: GRPO, GiGPO or GAE);
+2. advantages (the estimator chosen once: `algorithms/grpo.py`, `gigpo.py` or `ppo_gae.py`);
 3. ``ppo_epochs`` x ``mini_batches`` optimiser steps over the rows as `batch_adjust` left them; each mini-batch
    runs as micro-batches whose losses are weighted by their share of the mini-batch's tokens (or rows), so the
    gradient does not depend on how rows were split; the policy loss is PPO-clip or GSPO
@@ -36,6 +36,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from roll_lightning.algorithms import Estimator
 from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.correction import Correction, importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
@@ -45,7 +46,7 @@ from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.eval_report import EvalPrinter, EvalReport
-from roll_lightning.training.forward import ValueModel, plan_micro_batches, policy_forward, trim
+from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
 from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weight_sync import WeightSync
@@ -87,6 +88,8 @@ class AgentRLModule(L.LightningModule):
         self.model_path = model
         self.algorithm = algorithm
         self.objective: Objective = algorithm.objective  # the loss, assembled once (algorithms/objective.py)
+        self.estimator: Estimator = algorithm.advantage_estimator  # chosen once (algorithms/grpo.py, ...)
+        self.micro_batcher: MicroBatching = algorithm.micro_batcher
         self.optim = optim
         self.compute_dtype = dtype
         if rollout_steps is not None and rollout_steps < 1:  # a run of 0 or -1 steps would train one and exit 0
@@ -139,7 +142,7 @@ class AgentRLModule(L.LightningModule):
             from roll_lightning.training.lora import apply_lora
 
             self.actor = apply_lora(self.actor, self.lora, self.seed)
-        if self.algorithm.uses_critic:
+        if self.estimator.uses_critic:
             backbone = AutoModel.from_pretrained(self.model_path, dtype=torch.float32)
             self.critic = ValueModel(backbone, backbone.config.hidden_size)
         if self.algorithm.kl_coef > 0 and not self.lora.enabled:  # with LoRA: the actor, adapters off
@@ -178,7 +181,7 @@ class AgentRLModule(L.LightningModule):
         metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
-        metrics["timing/elapsed_s"] = time.perf_counter() - self.fit_started  # wall time since this fit began
+        metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_started  # wall time since this fit began
         self.steps_done += 1
         self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
         # One step number everywhere: every logger's x axis is the rollout step, counted from 1 as trajectory dumps
@@ -194,7 +197,7 @@ class AgentRLModule(L.LightningModule):
         opt = self.optimizers()
         with torch.no_grad():
             values = self._no_grad_values(batch) if self.critic is not None else None
-            advantages, returns = estimate_advantages(batch, self.algorithm, values)
+            advantages, returns = estimate_advantages(batch, self.estimator, values)
             silent = _silent_rows(advantages, batch)
             out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
             out["train/zero_advantage_share"] = float(silent.float().mean())
@@ -282,15 +285,13 @@ class AgentRLModule(L.LightningModule):
         divisors = objective.divisors(mask[rows], policy_mask[rows] if policy_mask is not None else None)
         total_tokens = float(mask[rows].sum())
         lengths = batch.attention_mask[rows].sum(-1).tolist()
-        plans = plan_micro_batches(
-            lengths, algo.micro_batching, max_tokens=algo.max_tokens_per_micro, micro_batch_size=algo.micro_batch_size
-        )
+        plans = self.micro_batcher.plan(lengths)
         plans += [[]] * (self._world_max(len(plans)) - len(plans))  # [] = a zero-weight pass (see the docstring)
         opt.zero_grad()
         sums: dict[str, float] = defaultdict(float)
         for plan in plans:
             micro_rows = [rows[i] for i in plan] or [0]
-            part = trim(batch, micro_rows, pad_to_batch=algo.micro_batching == "fixed")
+            part = trim(batch, micro_rows, pad_to_batch=self.micro_batcher.pads_to_batch)
             width = part.input_ids.shape[1]
             tensors = (old_logp, ref_logp, advantages, returns, old_values, weights, policy_mask)
             picked = [_pick(x, micro_rows, width) for x in tensors]
@@ -351,8 +352,7 @@ class AgentRLModule(L.LightningModule):
         """``per_token(part)`` over padding-free micro-batches, reassembled as ``[B, L]`` (0 off the response)."""
         out = torch.zeros_like(batch.behaviour_logprobs)
         lengths = batch.attention_mask.sum(-1).tolist()
-        budget = self.algorithm.max_tokens_per_micro
-        plans = plan_micro_batches(lengths, "token_budget", max_tokens=budget, micro_batch_size=1)
+        plans = TokenBudgetMicroBatches(self.algorithm.max_tokens_per_micro).plan(lengths)
         plans += [[]] * (self._world_max(len(plans)) - len(plans))
         for plan in plans:
             values = per_token(trim(batch, plan or [0], pad_to_batch=False))

@@ -93,9 +93,16 @@ def test_fit_trains_syncs_logs_and_checkpoints(tmp_path: Path) -> None:
         "sync/policy_version",
         "timing/rollout_s",
         "timing/train_s",
+        "timing/elapsed_s_total",
     ):
         assert key in logged, key
     assert not any(k.startswith("eval/") for k in logged)  # evaluation only when asked for
+    # one rule: a fixed namespace; per rollout step, or a running count named _total that never goes down
+    namespaces = ("rollout/", "env/", "train/", "sync/", "timing/", "eval/")
+    assert {k for k in logged if not k.startswith(namespaces)} <= {"step", "epoch"}
+    for key in (k for k in logged if k.endswith("_total")):
+        series = [float(r[key]) for r in rows if r.get(key)]
+        assert series == sorted(series), key
     versions = sorted(float(r["sync/policy_version"]) for r in rows if r.get("sync/policy_version"))
     assert versions == [1.0, 2.0]
     assert list((tmp_path / "run").rglob("*.ckpt"))

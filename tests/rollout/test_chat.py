@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
 
 from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError, TokenHistory, render
+from roll_lightning.rollout.episode import Episode, Turn
+from roll_lightning.rollout.layout import LAYOUTS, STEP, TRAJECTORY, layout_named
 
 SYSTEM = {"role": "system", "content": "You play games."}
 
@@ -90,3 +93,37 @@ def test_a_template_that_rewrites_old_turns_is_refused_with_advice(tokenizer: An
 def test_prompt_config_rejects_unknown_placeholders() -> None:
     with pytest.raises(ValueError, match="turn_template"):
         PromptConfig(turn_template="{observation} {nonsense}")
+
+
+def _episode(rewards: list[float]) -> Episode:
+    turns = [
+        Turn(prompt_ids=[10 + k, 11 + k], response_ids=[20 + k], logprobs=[-0.5], finish_reason="stop",
+             policy_version=3 - k, observation=f"board {k}", reward=r)
+        for k, r in enumerate(rewards)
+    ]  # fmt: skip
+    return Episode(group_index=0, member=0, seed=1, env_id="sokoban", turns=turns)
+
+
+def test_a_layout_is_chosen_once_by_name_and_stays_itself_when_sent_to_another_rank() -> None:
+    assert layout_named("step") is STEP and layout_named(TRAJECTORY) is TRAJECTORY
+    assert pickle.loads(pickle.dumps(STEP)) is STEP
+    with pytest.raises(ValueError, match="unknown row layout 'steps': choose one of trajectory, step"):
+        layout_named("steps")
+    assert set(LAYOUTS) == {"trajectory", "step"}
+
+
+def test_trajectory_rows_hold_the_episode_and_step_rows_one_turn_each() -> None:
+    episode = _episode([0.0, 1.0, 2.0])
+    (whole,) = TRAJECTORY.rows(episode)
+    assert whole.ids == [10, 11, 20, 11, 12, 21, 12, 13, 22]
+    assert whole.response == [False, False, True] * 3
+    assert whole.rewards == [(2, 0.0), (5, 1.0), (8, 2.0)]
+    assert (whole.step, whole.step_score, whole.version, whole.anchor) == (3, 3.0, 1, "board 0")
+    assert list(TRAJECTORY.turns_of_row(whole.step)) == [0, 1, 2]
+    steps = STEP.rows(episode)
+    assert [r.ids for r in steps] == [[10, 11, 20], [11, 12, 21], [12, 13, 22]]
+    assert [(r.step, r.step_score, r.version, r.anchor) for r in steps] == [
+        (0, 0.0, 3, "board 0"), (1, 1.0, 2, "board 1"), (2, 2.0, 1, "board 2"),
+    ]  # fmt: skip
+    assert [list(STEP.turns_of_row(r.step)) for r in steps] == [[0], [1], [2]]
+    assert TRAJECTORY.rows(_episode([])) == [] == STEP.rows(_episode([]))

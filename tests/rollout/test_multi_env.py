@@ -18,7 +18,7 @@ import torch
 from support.servers import start_server
 
 from env_servers.server import RunningServer
-from roll_lightning.algorithms.advantages import gigpo_advantages
+from roll_lightning.algorithms.gigpo import gigpo_advantages
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler, group_seed

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from roll_lightning.algorithms import ESTIMATORS, GSPO, POLICY_LOSSES, PPO, PPOGAE, GiGPO
 from roll_lightning.rollout.config import RolloutConfigError
 from roll_lightning.rollout.datamodule import EvalConfig
 from roll_lightning.rollout.engines.factory import EngineConfig, EngineConfigError
+from roll_lightning.rollout.layout import STEP, TRAJECTORY
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
+from roll_lightning.training.config import EstimatorName, PolicyLossName
+from roll_lightning.training.estimate import check_rows
 
 CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (AlgorithmConfig, {"gamma": 1.5}, TrainingConfigError, "model.algorithm.gamma must be in [0, 1], got 1.5"),
@@ -25,6 +29,12 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (AlgorithmConfig, {"max_grad_norm": -1.0}, TrainingConfigError, "model.algorithm.max_grad_norm must be >= 0"),
     (AlgorithmConfig, {"ppo_epochs": 0}, TrainingConfigError, "model.algorithm.ppo_epochs must be >= 1, got 0"),
     (AlgorithmConfig, {"dual_clip": 0.5}, TrainingConfigError, "model.algorithm.dual_clip must be > 1, or null"),
+    (
+        AlgorithmConfig,
+        {"loss": "gspo", "dual_clip": 3.0},
+        TrainingConfigError,
+        "dual_clip must be > 1, or null (off); it is loss: ppo's alone",
+    ),
     (AlgorithmConfig, {"gamma": float("nan")}, TrainingConfigError, "model.algorithm.gamma must be in [0, 1]"),
     (OptimConfig, {"lr": 0.0}, TrainingConfigError, "model.optim.lr must be > 0, got 0.0"),
     (OptimConfig, {"critic_lr": 0.0}, TrainingConfigError, "model.optim.critic_lr must be > 0, or null"),
@@ -65,3 +75,33 @@ def test_the_defaults_and_the_edges_of_each_range_are_accepted() -> None:
     OptimConfig(betas=(0.0, 0.0), min_lr_ratio=1.0, warmup_steps=0, total_steps=1)
     EngineConfig(gpu_memory_utilization=1.0, max_model_len=1)
     EvalConfig(episodes=1, temperature=0.0, max_new_tokens=1)
+
+
+def test_each_name_is_chosen_once_into_an_object_that_declares_what_it_needs() -> None:
+    assert set(get_args(EstimatorName)) == set(ESTIMATORS)  # the YAML's choices are the registry's names
+    assert set(get_args(PolicyLossName)) == set(POLICY_LOSSES)
+    needs = {name: (e.needs_groups, e.needs_step_rows, e.uses_critic) for name, e in ESTIMATORS.items()}
+    assert needs == {"grpo": (True, False, False), "gigpo": (True, True, False), "ppo-gae": (False, False, True)}
+    gigpo = AlgorithmConfig(estimator="gigpo", gigpo_gamma=0.5, step_weight=2.0, norm_by_std=False)
+    assert gigpo.advantage_estimator == GiGPO(gamma=0.5, step_weight=2.0, norm_by_std=False)
+    assert AlgorithmConfig(estimator="ppo-gae", gamma=0.9, lam=0.8).advantage_estimator == PPOGAE(gamma=0.9, lam=0.8)
+    assert AlgorithmConfig(estimator="ppo-gae").uses_critic and not AlgorithmConfig().uses_critic
+
+
+def test_an_unset_clip_is_the_chosen_loss_s_own_default() -> None:
+    assert AlgorithmConfig().policy_loss == PPO(clip_low=0.2, clip_high=0.2, dual_clip=None)
+    assert AlgorithmConfig(loss="gspo").policy_loss == GSPO(clip_low=3e-4, clip_high=4e-4)
+    assert AlgorithmConfig(loss="gspo", clip_high=1e-3).policy_loss == GSPO(clip_low=3e-4, clip_high=1e-3)
+    assert AlgorithmConfig(dual_clip=3.0, clip_low=0.1).objective.policy == PPO(clip_low=0.1, dual_clip=3.0)
+
+
+def test_group_estimators_need_groups_of_two() -> None:
+    with pytest.raises(TrainingConfigError, match="grpo.*group_size >= 2"):
+        check_rows(AlgorithmConfig(estimator="grpo").advantage_estimator, TRAJECTORY, group_size=1)
+    check_rows(AlgorithmConfig(estimator="ppo-gae").advantage_estimator, TRAJECTORY, group_size=1)
+
+
+def test_gigpo_needs_step_rows_and_names_the_key_that_gives_them() -> None:
+    with pytest.raises(TrainingConfigError, match=re.escape("set data.rollout.episode.layout: step")):
+        check_rows(GiGPO(), TRAJECTORY, group_size=4)
+    check_rows(GiGPO(), STEP, group_size=4)

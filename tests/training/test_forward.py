@@ -6,7 +6,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roll_lightning.training.forward import plan_micro_batches, token_logprobs
+from roll_lightning.training import AlgorithmConfig
+from roll_lightning.training.forward import token_logprobs
 
 
 def test_chunked_logprobs_and_entropy_equal_the_whole_computation() -> None:
@@ -31,7 +32,8 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_computation() -> None:
 def test_micro_batch_plans_cover_every_row_exactly_once_within_budget(
     lengths: list[int], budget: int, mode: str
 ) -> None:
-    plans = plan_micro_batches(lengths, mode, max_tokens=budget, micro_batch_size=3)
+    config = AlgorithmConfig(micro_batching=mode, max_tokens_per_micro=budget, micro_batch_size=3)  # type: ignore[arg-type]
+    plans = config.micro_batcher.plan(lengths)
     assert sorted(i for plan in plans for i in plan) == list(range(len(lengths)))
     for plan in plans:
         if mode == "fixed":

@@ -1,0 +1,88 @@
+"""PPO-GAE: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next, R = A + V (docs/algorithms.md §4).
+
+GAE is Schulman et al. 2015. The values come from a critic the module trains on the returns ``R``
+(``uses_critic``), so unlike GRPO and GiGPO it needs neither groups nor step rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from roll_lightning.algorithms.aggregation import masked_mean
+from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
+
+
+@torch.no_grad()
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """GAE (Schulman et al. 2015) over the response tokens of each row, ``[B, L]`` in, ``([B, L], [B, L])`` out:
+
+        delta_t = r_t + gamma V_next(t) - V_t
+        A_t     = delta_t + gamma lam A_next(t)
+        returns = A + V
+
+    ``next(t)`` is the next *response* position of the row: positions off ``response_mask`` (prompt,
+    observation tokens between turns, padding) are skipped, not treated as time steps. So in a trajectory row
+    the last token of turn k bootstraps from the value of the first reply token of turn k+1, and the
+    environment's text is not discounted. After the last response token V_next = A_next = 0 (episode ended).
+    Rewards off the mask are ignored (the batch puts each turn's reward on its last reply token); advantages
+    and returns are 0 off the mask. For step rows each row is one turn, so GAE never crosses turns (verl-agent).
+    verl then whitens the advantages (see `whiten`); that is left to the caller.
+    """
+    if not token_rewards.shape == values.shape == response_mask.shape:
+        raise ValueError(f"shape mismatch: {token_rewards.shape}, {values.shape}, {response_mask.shape}")
+    mask = response_mask.bool()
+    dtype = torch.promote_types(values.dtype, torch.float32)  # bf16 values: accumulate in float32
+    rewards = torch.where(mask, token_rewards, 0).to(dtype)
+    v = torch.where(mask, values, 0).to(dtype)
+    advantages = torch.zeros_like(v)
+    next_value = torch.zeros_like(v[:, 0])
+    next_adv = torch.zeros_like(v[:, 0])
+    for t in reversed(range(v.shape[1])):
+        here = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - v[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(here, adv, 0)
+        # Off the mask the carried (value, advantage) pass through unchanged: this is what skips the gap.
+        next_value = torch.where(here, v[:, t], next_value)
+        next_adv = torch.where(here, adv, next_adv)
+    returns = torch.where(mask, advantages + v, 0)
+    return advantages.to(values.dtype), returns.to(values.dtype)
+
+
+@torch.no_grad()
+def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over the masked entries (unbiased var, as verl's ``masked_whiten``).
+
+    ``shift_mean=False`` adds the mean back (scales only). Entries off the mask are 0.
+    """
+    m = mask.bool()
+    mean = masked_mean(x, m)
+    n = m.sum()
+    var = torch.where(m, (x - mean) ** 2, 0).sum() / (n - 1).clamp(min=1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(m, out, 0)
+
+
+@dataclass(frozen=True)
+class PPOGAE(Estimator):
+    """``model.algorithm.estimator: ppo-gae``: `gae_advantages` of the token rewards and the critic's values, with
+    ``gamma`` and ``lam`` from the config; returns the value targets too."""
+
+    name: ClassVar[str] = "ppo-gae"
+    uses_critic: ClassVar[bool] = True
+
+    gamma: float = 1.0
+    lam: float = 0.95
+
+    def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, Tensor]:
+        if rows.values is None:
+            raise ValueError("model.algorithm.estimator=ppo-gae needs the critic's values")
+        return gae_advantages(rows.token_scores, rows.values, rows.response_mask, gamma=self.gamma, lam=self.lam)

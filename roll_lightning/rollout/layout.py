@@ -1,0 +1,142 @@
+"""Row layouts, chosen once from ``data.rollout.episode.layout``: what prompt each turn sees and how a finished
+episode becomes training rows.
+
+- `TRAJECTORY` (``trajectory``): one growing conversation per episode; the engine sees the whole history (its
+  token ids are kept, never re-rendered), and the episode is one row ``[prompt_1, reply_1, obs_2, reply_2, ...]``.
+- `STEP` (``step``): every turn re-renders a fresh prompt (the system message, a window of
+  ``prompt.history_turns`` past turns, the observation), and each turn is its own row with its ``step`` index
+  and ``anchor`` observation: what GiGPO groups steps by (``one_row_per_turn``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from roll_lightning.rollout.chat import fresh_prompt
+
+if TYPE_CHECKING:
+    from roll_lightning.rollout.episode import Episode, EpisodeBuilder
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row before padding: token ids, which are replies, the engine's log-probs (0 off the replies),
+    ``(position, reward)`` of each turn on its last token, and the row's scalars (see `batch.RolloutBatch`)."""
+
+    ids: list[int]
+    response: list[bool]
+    logprobs: list[float]
+    rewards: list[tuple[int, float]]
+    step_score: float
+    step: int
+    version: int
+    anchor: str
+    episode: Episode
+
+
+class Layout(ABC):
+    """A row layout: the prompt of each turn, the text of a reply, the rows of an episode."""
+
+    name: ClassVar[str]
+    one_row_per_turn: ClassVar[bool]
+
+    @abstractmethod
+    def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
+        """``(this turn's prompt ids as the turn records them, the whole prompt the engine gets)``."""
+
+    @abstractmethod
+    def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
+        """The reply as the conversation keeps it (the stop token left out)."""
+
+    @abstractmethod
+    def rows(self, episode: Episode) -> list[Row]:
+        """The episode's training rows (none for an episode without turns)."""
+
+    @abstractmethod
+    def turns_of_row(self, step: int) -> range:
+        """The turns a row covers, from its ``step`` value (the batch's ``step`` tensor)."""
+
+    def __repr__(self) -> str:
+        return f"Layout({self.name!r})"
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return layout_named, (self.name,)  # unpickled (a batch sent to another rank), it is the same object
+
+
+class Trajectory(Layout):
+    name: ClassVar[str] = "trajectory"
+    one_row_per_turn: ClassVar[bool] = False
+
+    def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
+        added = builder.history.add_user(builder.user_message(turn, builder.observation))
+        return added, list(builder.history.ids)
+
+    def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
+        return builder.history.add_reply(token_ids, builder.stop_ids)
+
+    def rows(self, episode: Episode) -> list[Row]:
+        if not episode.turns:
+            return []
+        ids: list[int] = []
+        response: list[bool] = []
+        logprobs: list[float] = []
+        rewards: list[tuple[int, float]] = []
+        for turn in episode.turns:
+            ids += turn.prompt_ids + turn.response_ids
+            response += [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids)
+            logprobs += [0.0] * len(turn.prompt_ids) + turn.logprobs
+            rewards.append((len(ids) - 1, turn.reward))
+        return [
+            Row(
+                ids, response, logprobs, rewards, step_score=episode.score, step=len(episode.turns),
+                version=episode.policy_version, anchor=episode.turns[0].observation, episode=episode,
+            )
+        ]  # fmt: skip
+
+    def turns_of_row(self, step: int) -> range:
+        return range(step)  # a trajectory row's step is its number of turns
+
+
+class Step(Layout):
+    name: ClassVar[str] = "step"
+    one_row_per_turn: ClassVar[bool] = True
+
+    def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
+        prompt = fresh_prompt(builder.tokenizer, builder.window_messages(turn))
+        return prompt, list(prompt)
+
+    def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
+        body = token_ids[:-1] if token_ids and token_ids[-1] in builder.stop_ids else token_ids
+        return builder.tokenizer.decode(body, skip_special_tokens=False)
+
+    def rows(self, episode: Episode) -> list[Row]:
+        rows = []
+        for k, turn in enumerate(episode.turns):
+            ids = turn.prompt_ids + turn.response_ids
+            rows.append(
+                Row(
+                    ids, [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
+                    [0.0] * len(turn.prompt_ids) + turn.logprobs, [(len(ids) - 1, turn.reward)],
+                    step_score=turn.reward, step=k, version=turn.policy_version, anchor=turn.observation,
+                    episode=episode,
+                )
+            )  # fmt: skip
+        return rows
+
+    def turns_of_row(self, step: int) -> range:
+        return range(step, step + 1)
+
+
+TRAJECTORY, STEP = Trajectory(), Step()
+LAYOUTS: dict[str, Layout] = {TRAJECTORY.name: TRAJECTORY, STEP.name: STEP}
+
+
+def layout_named(name: str | Layout) -> Layout:
+    """The layout called ``name`` (a `Layout` passes through); an unknown name says which exist."""
+    if isinstance(name, Layout):
+        return name
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown row layout {name!r}: choose one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[name]

@@ -91,3 +91,18 @@ def test_the_readme_table_names_every_part() -> None:
     folders |= {f"env_servers/{p.name}" for p in (ROOT / "env_servers").iterdir() if p.is_dir() and p.name[0] != "_"}
     missing = sorted(f for f in folders if not any(n == f or n.startswith(f + "/") for n in named))
     assert not missing, f"README's architecture table does not name {missing}"
+
+
+def test_tests_mirror_the_packages_and_the_tier_lists_name_real_files() -> None:
+    """A test file moved without its entry in conftest's ``UNIT``/``SLOW`` would silently change tier."""
+    from conftest import SLOW, UNIT
+
+    tests = ROOT / "tests"
+    assert not sorted(p for p in UNIT | SLOW if not (tests / p).is_file())
+    for folder in ("algorithms", "rollout", "training", "env_client", "servers", "protocol", "callbacks"):
+        assert list((tests / folder).rglob("test_*.py")), f"tests/{folder}/ has no tests"
+    # tests/ is on sys.path (and on the PYTHONPATH of the processes tests start), so a test folder named like a
+    # top-level package would be found as a namespace package and hide it in a process started elsewhere:
+    # the env servers' tests are in tests/servers/, not tests/env_servers/
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert not sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name in packages)

@@ -2,7 +2,7 @@
 the loading, drain, crash and token rules too; servers with one protocol bug each fail exactly the check for
 that bug; the suite closes what it opens; bad input is one FAIL line, never a traceback.
 
-(The Node server runs the same suite in tests/env_servers/test_node_server.py.)
+(The Node server runs the same suite in tests/servers/test_node_server.py.)
 """
 
 from __future__ import annotations

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_curve import REPO, fit_command, read_metrics, start, summarise  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]  # learning_curve; bench.support
+from learning_curve import fit_command, read_metrics, start, summarise  # noqa: E402
+
+from bench.support.results import Run, footer  # noqa: E402
 
 ZERO_VARIANCE = ["--data.rollout.group_filter.kind", "zero_variance"]
 TOP_P = ["--data.rollout.group_filter.kind", "top_p_variance", "--data.rollout.group_filter.top_p"]
@@ -69,10 +70,8 @@ def main() -> None:
         for res in summary["results"]:  # runs written before steps_to_plus_30 was recorded
             res.setdefault("steps_to_plus_30", (gain := first_gain(res["evals"], 30)) and gain["step"] + 1)
         return print_table(summary, args.report)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO / "bench" / "results" / f"dynamic-sampling-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    bench_run = Run("dynamic-sampling")
+    out = bench_run.directory(args.out)
     commands = {v: fit_command(v, args.minutes, args.eval_every, out, VARIANTS[v]) for v in args.variants}
     walls: dict[str, float] = {}
     running = {}
@@ -100,14 +99,8 @@ def main() -> None:
             updates_skipped=mean_of(series, "train/update_skipped"),
         )
         results.append(res)
-    summary = {
-        "when": stamp,
-        "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg()},
-        "minutes": args.minutes,
-        "parallel": not args.sequential,
-        "results": results,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = {"minutes": args.minutes, "parallel": not args.sequential, "results": results}
+    bench_run.write(summary, out / "summary.json")
     print_table(summary, out)
 
 
@@ -130,8 +123,8 @@ def print_table(summary: dict[str, Any], out: Path) -> None:
             f"{res['groups_filtered_per_batch'] or 0:.2f} | {res['extra_groups_per_batch'] or 0:.2f} | "
             f"{pct(res['updates_skipped'])} |"
         )
-    machine = summary["machine"]
-    print(f"load average at start {machine['load_start']}, at end {machine['load_end']}; results: {out}")
+    print(footer(summary))
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":

@@ -28,17 +28,13 @@ import argparse
 import asyncio
 import functools
 import json
-import os
-import platform
 import random
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +52,12 @@ from roll_lightning.env_client import EnvClient, EnvPool, EnvSession
 from roll_lightning.env_client.local import launch_local_server
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.support.results import Run  # noqa: E402
+
 SESSIONS = 64
 ENVS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "frozenlake": ({}, ("Left", "Down", "Right", "Up")),
@@ -65,7 +67,6 @@ INVALID = ("I would go left.", "<answer>Jump</answer>", "<answer></answer>")
 GEN_SIZES = (((6, 6), 1), ((6, 6), 2), ((8, 8), 2), ((8, 8), 4), ((10, 10), 4))
 # envs.md §3.1: GEM's generator, 12 seeds per size, medians in ms (max where recorded), this kind of 2-core box.
 GEM_REFERENCE_MS = {"6x6/1": 3, "6x6/2": 20, "8x8/2": 69, "8x8/4": 2500, "10x10/4": 7400}
-ROOT = Path(__file__).resolve().parent
 GEM_SCRIPT = """
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
@@ -638,20 +639,9 @@ async def bench_ws_memory(n: int) -> dict[str, Any]:
     return out
 
 
-def machine() -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    return {
-        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "bench/env_throughput.py", *sys.argv[1:]]),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), ""),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "protobuf": google.protobuf.__version__,
-        "numpy": np.__version__,
-        "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
-    }
+def versions() -> dict[str, Any]:
+    """Added to the run's machine block."""
+    return {"grpcio": grpc.__version__, "protobuf": google.protobuf.__version__, "numpy": np.__version__}
 
 
 def verdict(ok: bool) -> str:
@@ -660,9 +650,9 @@ def verdict(ok: bool) -> str:
 
 def report(res: dict[str, Any]) -> None:
     m = res["machine"]
-    print(f"\n# env_throughput  {m['date_utc']}  `{m['command']}`")
-    print(f"# {m['cpu_count']} CPUs ({m['cpu_model']}), Python {m['python']}, grpcio {m['grpcio']}, ", end="")
-    print(f"protobuf {m['protobuf']}, load average {m['loadavg_at_start'][0]:.1f} at start")
+    print(f"\n# env_throughput  {res['started_utc']}  `{res['command']}`")
+    print(f"# {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}, grpcio {m['grpcio']}, ", end="")
+    print(f"protobuf {m['protobuf']}, load average {m['load_start'][0]:.1f} at start")
     head = ("variant", "steps/s", "vs in-proc", "p50 ms", "p99 ms", "cli us/st", "srv us/st", "RPC/turn")
     for env_id, rows in res["throughput"].items():
         print(
@@ -762,7 +752,8 @@ def main() -> None:
     gen_seeds, gem_budget = (10, 0.0) if args.quick else (40, 40.0)  # quick: GEM's recorded numbers only
     mem_n = 1000 if args.quick else 10_000
     ws_queries = 500 if args.quick else 2000
-    res: dict[str, Any] = {"machine": machine(), "duration_s": duration, "repeats": repeats, "gen_seeds": gen_seeds}
+    bench_run = Run("env_throughput", quick=args.quick)
+    res: dict[str, Any] = {"machine": versions(), "duration_s": duration, "repeats": repeats, "gen_seeds": gen_seeds}
     t0 = time.perf_counter()
     proc_server = launch_local_server(["frozenlake", "sokoban"], extra_args=["--log-level", "WARNING"])
     thread_server = (
@@ -782,7 +773,7 @@ def main() -> None:
         proc_server.stop()
     res["seconds"] = {"throughput": time.perf_counter() - t0}
     if args.only_throughput:
-        finish(res, args.quick)
+        finish(res, bench_run)
         return
     res["generation"] = bench_generation(gen_seeds, gem_budget)
     res["seconds"]["generation"] = time.perf_counter() - t0 - sum(res["seconds"].values())
@@ -792,22 +783,15 @@ def main() -> None:
     res["webshop"]["throughput"] = asyncio.run(bench_ws_throughput(duration, repeats))
     res["webshop"]["memory"] = asyncio.run(bench_ws_memory(mem_n))
     res["seconds"]["webshop"] = time.perf_counter() - t0 - sum(res["seconds"].values())
-    finish(res, args.quick)
+    finish(res, bench_run)
 
 
-def finish(res: dict[str, Any], quick: bool) -> None:
-    """Print the tables and write the JSON."""
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
+def finish(res: dict[str, Any], bench_run: Run) -> None:
+    """Write the JSON and print the tables."""
+    path = bench_run.write(res)
     report(res)
-    m0 = res["machine"]
-    out_dir = ROOT / "results"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"env_throughput-{datetime.now(UTC):%Y%m%dT%H%M%SZ}{'-quick' if quick else ''}.json"
-    path.write_text(json.dumps(res, indent=2, default=str))
-    print(
-        f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}; "
-        f"load average at start {m0['loadavg_at_start'][0]:.1f}, at end {m0['loadavg_at_end'][0]:.1f}"
-    )
+    print(f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}")
+    print(bench_run.footer())
     print(f"wrote {path}")
 
 

@@ -24,16 +24,19 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.support.results import Run  # noqa: E402  (dynamic_sampling, multi_env, off_policy take it from here)
+
 CONFIG = REPO / "configs" / "sokoban.yaml"
 TITLES = {
     "sokoban": "Sokoban 6x6, 1 box (levels from seeds), tiny-grid model from scratch, 2-core CPU",
@@ -187,29 +190,19 @@ def main() -> None:
         summary = json.loads(args.from_summary.read_text())
         plot(summary["results"], args.plot or args.from_summary.with_suffix(".png"), summary["minutes"], title)
         return
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO / "bench" / "results" / f"learning-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    bench_run = Run("learning")
+    out = bench_run.directory(args.out)
     results = run_all(args, out) if args.estimators else []
     for name, _, run_dir in (item.partition("=") for item in args.add):
         results.append(summarise(name, ["(run elsewhere)", run_dir], Path(run_dir), float("nan")))
     summary = {
-        "when": stamp,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_start": load_start,
-            "load_end": os.getloadavg(),
-        },  # fmt: skip
         "minutes": args.minutes,
         "config": str(args.config.relative_to(REPO)) if args.config.is_relative_to(REPO) else str(args.config),
         "parallel": args.parallel,
         "threads": args.threads,
-        "command": " ".join(sys.argv),
         "results": results,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    bench_run.write(summary, out / "summary.json")
     print("| estimator | eval at step 0 | +25 pts first reached | best eval | last eval | gain (last - step 0) "
           "| rollout steps | step s (median): rollout / train / sync | outside steps | training min |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -227,6 +220,7 @@ def main() -> None:
     if args.plot:
         plot(results, args.plot, args.minutes, title)
         print(f"plot: {args.plot}")
+    print(bench_run.footer())
     print(f"results: {out}")
 
 

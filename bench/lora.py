@@ -28,15 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.results import Run  # noqa: E402
 from bench.weight_sync import Loop, RssPeak  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 VARIANTS = ("full", "lora")
 
 
@@ -286,24 +283,13 @@ def main() -> None:
     import torch
     import transformers
 
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    bench_run = Run("lora", quick=args.quick)
     results: dict[str, Any] = {
-        "command": shlex.join([".venv/bin/python", "bench/lora.py", *sys.argv[1:]]),
-        "commit": commit.stdout.strip(),
-        "started_utc": stamp,
         "args": vars(args),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
-        },
+        "machine": {"torch": torch.__version__, "transformers": transformers.__version__},
         "runs": [],
     }
     order = [v for i in range(args.repeats) for v in (VARIANTS if i % 2 == 0 else VARIANTS[::-1])]
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
         for variant in order:
             cfg = {**vars(args), "variant": variant, "engines": engines}
@@ -312,19 +298,12 @@ def main() -> None:
             cfg = {**vars(args), "variant": "generation", "engines": engines}
             results["generation"] = run_worker(cfg, Path(tmp), args.worker_timeout)
     results["summary"] = summarize(results["runs"], engines)
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    results["wall_s"] = time.perf_counter() - started
+    path = bench_run.write(results)
     print_table(results["summary"], engines)
     if "generation" in results:
         rates = {m: statistics.median(results["generation"][m]) for m in ("adapters", "merged")}
         print(f"vLLM generation, tokens/s: adapters {rates['adapters']:.1f}, merged {rates['merged']:.1f}")
-    print(
-        f"{results['command']}: load average {results['machine']['loadavg_at_start']} at start, "
-        f"{results['machine']['loadavg_at_end']} at end; {results['wall_s']:.0f} s"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"lora-{stamp}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    print(bench_run.footer())
     print(f"wrote {path}")
 
 

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from learning_curve import REPO, fit_command, read_metrics, start
+from learning_curve import REPO, Run, fit_command, read_metrics, start
 
 CONFIG = REPO / "configs" / "sokoban_frozenlake.yaml"
 TAGS = ("sokoban", "frozenlake")
@@ -95,10 +91,8 @@ def main() -> None:
         summary = json.loads(args.from_summary.read_text())
         plot(summary["results"], args.plot or args.from_summary.with_suffix(".png"), summary["minutes"])
         return
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO / "bench" / "results" / f"multi-env-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    bench_run = Run("multi-env")
+    out = bench_run.directory(args.out)
     running = {}
     train_lists = variants(args.config)
     held_out = [{k: v for k, v in entry.items() if k != "groups"} for entry in train_lists["mixed"]]
@@ -112,19 +106,7 @@ def main() -> None:
         if proc.wait():
             raise SystemExit(f"{name}: the run failed; see {out / f'{name}.log'}")
         results.append(summarise(name, cmd, out / name))
-    summary = {
-        "when": stamp,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_start": load_start,
-            "load_end": os.getloadavg(),
-        },  # fmt: skip
-        "minutes": args.minutes,
-        "command": " ".join(sys.argv),
-        "results": results,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    bench_run.write({"minutes": args.minutes, "results": results}, out / "summary.json")
     print(
         "| run | rollout steps | "
         + " | ".join(f"{t} episodes | {t} held-out: first / best / last" for t in TAGS)
@@ -145,6 +127,7 @@ def main() -> None:
     if args.plot:
         plot(results, args.plot, args.minutes)
         print(f"plot: {args.plot}")
+    print(bench_run.footer())
     print(f"results: {out}")
 
 

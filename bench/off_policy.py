@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from learning_curve import REPO, fit_command, plot, start, summarise
+from learning_curve import REPO, Run, fit_command, plot, start, summarise
 
 CONFIG = REPO / "configs" / "frozenlake_learn.yaml"
 RECOMPUTE = ["--model.algorithm.recompute_old_logprobs", "true"]
@@ -60,10 +56,8 @@ def main() -> None:
         summary = json.loads(args.from_summary.read_text())
         plot(summary["results"], args.plot or args.from_summary.with_suffix(".png"), summary["minutes"], title)
         return
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = REPO / "bench" / "results" / f"{args.study}-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    bench_run = Run(args.study)
+    out = bench_run.directory()
     running = {}
     for name, extra in STUDIES[args.study].items():
         cmd = fit_command(CONFIG, name, args.minutes, args.eval_every, out, extra)
@@ -73,19 +67,7 @@ def main() -> None:
         if proc.wait():
             raise SystemExit(f"{name}: the run failed; see {out / f'{name}.log'}")
         results.append(summarise(name, cmd, out / name, time.perf_counter() - started))
-    summary = {
-        "when": stamp,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_start": load_start,
-            "load_end": os.getloadavg(),
-        },  # fmt: skip
-        "minutes": args.minutes,
-        "command": " ".join(sys.argv),
-        "results": results,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    bench_run.write({"minutes": args.minutes, "results": results}, out / "summary.json")
     print("| variant | rollout steps | held-out: step 0 / best / last | step s (median) |")
     print("|---|---|---|---|")
     for res in results:
@@ -97,6 +79,7 @@ def main() -> None:
     if args.plot:
         plot(results, args.plot, args.minutes, title)
         print(f"plot: {args.plot}")
+    print(bench_run.footer())
     print(f"results: {out}")
 
 

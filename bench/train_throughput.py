@@ -35,14 +35,11 @@ import argparse
 import json
 import math
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +51,11 @@ import lightning  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.support.results import Run  # noqa: E402
 from bench.support.train_worker import plan_stats, rank_batch, synthetic_episodes, variant_config  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.training import AlgorithmConfig  # noqa: E402
 
-RESULTS = REPO / "bench" / "results"
 WORKER = REPO / "bench" / "support" / "train_worker.py"
 MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 MODELS: dict[str, dict[str, int]] = {
@@ -312,44 +309,30 @@ def main() -> None:
         args.models, args.rows_tiny, args.pairs_tiny = "tiny", 16, 1
     args.ranks = [int(r) for r in args.ranks.split(",")]
     names = [m for m in args.models.split(",") if m]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    bench_run = Run("train_throughput", quick=args.quick)
     results: dict[str, Any] = {
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "started_utc": stamp,
         "args": vars(args),
         "threads": args.threads,
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "lightning": lightning.__version__,
-            "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
         },
         "models": {},
     }
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="train_throughput-") as tmp:
         for name in names:
             t0 = time.perf_counter()
             results["models"][name] = bench_model(args, name, Path(tmp))
             results["models"][name]["section_s"] = time.perf_counter() - t0
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    results["wall_s"] = time.perf_counter() - started
+    path = bench_run.write(results)
     print_tables(results)
     for name, res in results["models"].items():
         for ranks in args.ranks:
             ratio = res["summary"][str(ranks)]["packed_over_padded"]
             verdict = "met" if ratio >= TARGET else "missed"
             print(f"target packed >= {TARGET}x padded, {name}, {ranks} rank(s): {ratio:.2f}x: {verdict}")
-    print(
-        f"load average {results['machine']['loadavg_at_start']} at start, {results['machine']['loadavg_at_end']} at "
-        f"end; {results['wall_s']:.0f}s"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"train_throughput-{stamp}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    print(bench_run.footer())
     print(f"wrote {path}")
 
 

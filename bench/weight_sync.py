@@ -32,14 +32,11 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-RESULTS = REPO / "bench" / "results"
+from bench.support.results import Run  # noqa: E402
+
 MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 MODELS = {
     "smollm2-135m": None,  # roll_lightning.models.smollm.smollm2_path()
@@ -382,25 +380,12 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if "full" not in variants:
         raise SystemExit("--variants must include full (the baseline)")
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    bench_run = Run("weight_sync", quick=args.quick)
     results: dict[str, Any] = {
-        "command": shlex.join([".venv/bin/python", "bench/weight_sync.py", *sys.argv[1:]]),
-        "started_utc": stamp,
-        "commit": commit.stdout.strip() + ("+dirty" if dirty else ""),
         "args": vars(args),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "loadavg_at_start": os.getloadavg(),  # other work on this shared box skews every number
-        },
+        "machine": {"torch": torch.__version__, "transformers": transformers.__version__},
         "sections": {},
     }
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="weight_sync-") as tmp:
         for name in [m for m in args.models.split(",") if m]:
             path = model_dir(name)
@@ -436,8 +421,7 @@ def main() -> None:
                     "summary": summarize(runs, variants),
                     "section_s": time.perf_counter() - t0,
                 }
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    results["wall_s"] = time.perf_counter() - started
+    out = bench_run.write(results)
     print_table(results)
     for key, res in results["sections"].items():
         s = res["summary"]
@@ -447,13 +431,7 @@ def main() -> None:
             f"{s['logprob_change_between_states']:.2f}; largest |engine - trainer| log-prob gap: "
             + ", ".join(f"{v} {x['gap_vs_trainer_max']:.1e}" for v, x in s["variants"].items())
         )
-    print(
-        f"load average {results['machine']['loadavg_at_start']} at start, {results['machine']['loadavg_at_end']} at "
-        f"end; {results['wall_s']:.0f}s; commit {results['commit']}"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"weight_sync-{stamp}{'-quick' if args.quick else ''}.json"
-    out.write_text(json.dumps(results, indent=2, default=str))
+    print(bench_run.footer())
     print(f"wrote {out}")
 
 

@@ -39,7 +39,7 @@ import lightning as L
 import torch
 
 from roll_lightning.rollout.datamodule import rollout_of
-from roll_lightning.rollout.engines.base import BucketFeed
+from roll_lightning.rollout.engines.base import AdapterEngine, BucketFeed
 
 if TYPE_CHECKING:
     from roll_lightning.training.module import AgentRLModule
@@ -202,9 +202,9 @@ class WeightSync(L.Callback):
         }
 
 
-def takes_adapters(engine: Any) -> bool:
+def takes_adapters(engine: object) -> bool:
     """Whether ``engine`` applies LoRA adapters itself (vLLM with ``max_lora_rank``; not a router of replicas)."""
-    return bool(getattr(engine, "takes_adapters", False)) and callable(getattr(engine, "load_adapter", None))
+    return isinstance(engine, AdapterEngine) and engine.takes_adapters
 
 
 def sync_actor(
@@ -221,7 +221,9 @@ def sync_actor(
     return stream_into_engine(actor, engine, version, bucket_bytes, call, entries=lora.merged_entries(actor))
 
 
-def send_adapter(actor: torch.nn.Module, engine: Any, version: int, call: Callable[[Any], Any]) -> dict[str, float]:
+def send_adapter(
+    actor: torch.nn.Module, engine: AdapterEngine, version: int, call: Callable[[Any], Any]
+) -> dict[str, float]:
     """Gather the actor's LoRA adapters (a copy: the engine may scale them in place) and load them into
     ``engine`` in one piece; returns the statistics `stream_weights` does, ``adapter`` = 1."""
     from roll_lightning.training import lora

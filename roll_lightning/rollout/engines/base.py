@@ -121,6 +121,19 @@ class GenerationEngine(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that applies LoRA adapters itself (`VLLMEngine` built with ``max_lora_rank > 0``): `WeightSync`
+    sends it the adapters alone instead of the merged weights. ``takes_adapters`` is False when it was built
+    without LoRA. A router of replicas is not one (its replicas get merged weights)."""
+
+    takes_adapters: bool
+
+    async def load_adapter(self, tensors: Mapping[str, Any], config: Mapping[str, Any], version: int) -> None:
+        """Load the adapters (``tensors`` in PEFT's names, ``config`` its adapter config) as ``version``."""
+        ...
+
+
 def mark_seen(call: Any) -> None:
     """A done-callback for an engine call whose caller may be gone (cancelled by a suspend or a shrink, or
     abandoned): reads its outcome so asyncio never reports "exception was never retrieved"."""

@@ -72,12 +72,13 @@ def main() -> None:
         return print_table(summary, args.report)
     bench_run = Run("dynamic-sampling")
     out = bench_run.directory(args.out)
-    commands = {v: fit_command(v, args.minutes, args.eval_every, out, VARIANTS[v]) for v in args.variants}
+    config = BENCH.parent / "configs" / "frozenlake_learn.yaml"
+    commands = {v: fit_command(config, v, args.minutes, args.eval_every, out, VARIANTS[v]) for v in args.variants}
     walls: dict[str, float] = {}
     running = {}
     for variant, cmd in commands.items():
         started = time.perf_counter()
-        running[variant] = (start(cmd, out / f"{variant}.log"), started)
+        running[variant] = (start(cmd, out / f"{variant}.log", threads=1), started)
         if args.sequential:
             running[variant][0].wait()
             walls[variant] = time.perf_counter() - started

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
 from env_servers.registry import get_env, known_env_ids
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _read(path: str | None) -> bytes | None:
@@ -49,9 +53,24 @@ def _token(args: argparse.Namespace) -> str | None:
     return token
 
 
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Arm Linux's parent-death signal (SIGTERM) when ``--parent-pid`` names our parent. Done here, after exec, and
+    not by the launcher between fork and exec: Python code run there (``preexec_fn``) in a launcher with threads
+    (gRPC, torch) can crash the child before it starts (SIGSEGV, seen in CI), as Python's docs warn."""
+    if parent_pid is None:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the launcher stops us itself
+        return
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed: do now what it would have done
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from env_servers.server import ServerConfig, serve_forever
 
+    _die_with_parent(args.parent_pid)
     token = _token(args)
     _import_plugins(args.imports)
     for env_id in args.envs:
@@ -205,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         'server-only fields, e.g. webshop=\'{"data_dir": "/data/webshop"}\'',
     )
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--parent-pid",
+        type=int,
+        help="stop (SIGTERM: a graceful drain) when the process with this pid, our parent, exits, even by a crash "
+        "(Linux); launchers such as the trainer's local servers pass their own pid",
+    )
     serve.add_argument(
         "--import",
         dest="imports",

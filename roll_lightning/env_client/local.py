@@ -1,13 +1,12 @@
 """Launch env servers as child processes on this machine (`EnvPool(endpoints="local")`).
 
 Each child runs `python -m env_servers serve ... --port 0` and announces its address on one JSON line. The
-children get SIGTERM when the launcher exits (even by a crash: Linux parent-death signal), so a dead trainer
-never leaves servers behind.
+children get SIGTERM when the launcher exits (even by a crash: Linux's parent-death signal, which each server
+arms itself when given ``--parent-pid``), so a dead trainer never leaves servers behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -18,15 +17,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the launcher's close() still stops the child
-        pass
 
 
 @dataclass
@@ -70,10 +60,11 @@ def launch_local_server(
     if not env_ids:
         raise ValueError("env_ids: name at least one env for the local server to serve")
     serve = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", str(port)]
+    serve += ["--parent-pid", str(os.getpid())]  # it stops when we die (no preexec_fn: unsafe with threads)
     cmd = [*prefix, *serve, *extra_args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = tempfile.NamedTemporaryFile("w+", prefix="env-server-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     assert proc.stdout is not None
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,15 @@ def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_p
     check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)
 
 
+@pytest.fixture
+def sigint_at_its_default() -> Iterator[None]:
+    """SIGINT as a terminal's job has it, even when this test runner was started with SIGINT ignored (`cmd &`)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_at_its_default")
 def test_sigint_goes_to_the_sigterm_handler_or_interrupts_when_there_is_none() -> None:
     """In-process: with a SIGTERM handler (a run's), SIGINT is handed to it; with none (parsing, loading), it is a
     KeyboardInterrupt. Outside the block, SIGINT's handler is what it was."""
@@ -74,6 +84,19 @@ def test_sigint_goes_to_the_sigterm_handler_or_interrupts_when_there_is_none() -
     finally:
         signal.signal(signal.SIGTERM, previous_term)
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_an_ignored_sigint_stays_ignored() -> None:
+    """``nohup`` or a background job (``cmd &``) starts us with SIGINT ignored: a run keeps ignoring it."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with sigint_as_sigterm() as received:
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0)
+        assert received == [] and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _CtrlCDuringImport(importlib.abc.MetaPathFinder):

@@ -61,11 +61,22 @@ def run_cli(
     )
 
 
+# A terminal's foreground job has SIGINT at its default, whatever the test runner inherited: a runner started in
+# the background (`cmd &` in a script) has SIGINT ignored, its children too, and roll_lightning rightly leaves an
+# ignored SIGINT ignored (`exits.sigint_as_sigterm`), so a Ctrl-C test would wait in vain.
+AS_IN_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('roll_lightning', run_name='__main__', alter_sys=True)"
+)
+
+
 def start_cli(*args: str, cwd: Path, own_session: bool = False, capture_stdout: bool = False) -> subprocess.Popen[str]:
-    """Start ``python -m roll_lightning <args>`` with its stderr piped (``own_session``: its own process group;
-    ``capture_stdout``: stdout piped too, for a test that reads it with ``communicate``)."""
+    """Start ``python -m roll_lightning <args>`` with its stderr piped (``own_session``: its own process group,
+    SIGINT at its default, as a job in a terminal; ``capture_stdout``: stdout piped too, for a test that reads it
+    with ``communicate``)."""
+    command = ["-c", AS_IN_A_TERMINAL] if own_session else ["-m", "roll_lightning"]
     return subprocess.Popen(
-        [sys.executable, "-m", "roll_lightning", *args],
+        [sys.executable, *command, *args],
         cwd=cwd,
         env=cli_env(cwd),
         stdout=subprocess.PIPE if capture_stdout else subprocess.DEVNULL,

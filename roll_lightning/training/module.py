@@ -7,9 +7,9 @@ ahead of the weights that generated it) and does:
    critic's values (PPO-GAE);
 2. advantages (the estimator chosen once: `algorithms/grpo.py`, `gigpo.py` or `ppo_gae.py`);
 3. ``ppo_epochs`` x ``mini_batches`` optimiser steps over the rows as `batch_adjust` left them; each mini-batch
-   runs as micro-batches whose losses are weighted by their share of the mini-batch's tokens (or rows), so the
-   gradient does not depend on how rows were split; the policy loss is PPO-clip or GSPO
-   (`roll_lightning.algorithms.losses`).
+   runs as micro-batches (`micro_batcher`), each adding its share ``N_k / D`` of the loss (`algorithms.objective`:
+   the denominators are the whole mini-batch's), so the gradient does not depend on how rows were split; the
+   policy term is PPO-clip or GSPO (`algorithms/policy_loss.py`).
 
 A batch that carries no signal (every advantage 0, and no KL, entropy or value term) is not trained on: no
 forward or backward pass, and the optimiser steps are no-ops (no gradients, so AdamW leaves weights and moments

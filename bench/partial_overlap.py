@@ -41,13 +41,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.support.engines import DrawnLatencyEngine  # noqa: E402
 from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
-from roll_lightning.rollout.engines import EngineRouter, SamplingParams  # noqa: E402
+from roll_lightning.rollout.engines import EngineRouter, SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
@@ -57,17 +56,19 @@ MODES = ("colocated", "disaggregated", "partial")
 TAIL_SHARE, TAIL_FACTOR = 0.05, 10.0
 
 
-class DeviceEngine(DrawnLatencyEngine):
+class DeviceEngine(SimulatedEngine):
     """`SimulatedEngine` on one simulated device: at most ``slots`` replies at once (the rest queue), each taking
     ``reply_s`` (or, with ``tail``, 10x that for 5% of them); sleeping or waking takes ``swap_s``."""
 
     def __init__(self, tokenizer: Any, args: argparse.Namespace, seed: int, tail: bool) -> None:
         reply_s = args.reply_s
 
-        def draw(rng: random.Random) -> float:
+        rng = random.Random(seed)  # the reply times' own draws (the reply texts keep the engine's)
+
+        def draw() -> float:
             return reply_s * TAIL_FACTOR if tail and rng.random() < TAIL_SHARE else reply_s
 
-        super().__init__(tokenizer, REPLIES, draw, seed=seed)
+        super().__init__(tokenizer, REPLIES, latency_s=draw, seed=seed)
         self._swap_s = args.swap_s
         self._slots = asyncio.Semaphore(args.slots)
         self.asleep = False

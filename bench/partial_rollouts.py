@@ -38,13 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.support.engines import DrawnLatencyEngine  # noqa: E402
 from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
-from roll_lightning.rollout.engines import SamplingParams  # noqa: E402
+from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
@@ -67,16 +66,18 @@ PROFILES: dict[str, tuple[tuple[float, float], tuple[float, float, float] | None
 
 def long_replies(
     tokenizer: Any, low: float, high: float, seed: int, tail: tuple[float, float, float] | None = None
-) -> DrawnLatencyEngine:
+) -> SimulatedEngine:
     """`SimulatedEngine` whose every reply takes a time drawn uniformly from [low, high] seconds; with
     ``tail`` = (p, low, high), a share p of the replies takes a time from that range instead (a long tail)."""
 
-    def draw(rng: random.Random) -> float:
+    rng = random.Random(seed)  # the reply times' own draws (the reply texts keep the engine's)
+
+    def draw() -> float:
         if tail is not None and rng.random() < tail[0]:
             return rng.uniform(*tail[1:])
         return rng.uniform(low, high)
 
-    return DrawnLatencyEngine(tokenizer, REPLIES, draw, seed=seed)
+    return SimulatedEngine(tokenizer, REPLIES, latency_s=draw, seed=seed)
 
 
 async def train_loop(

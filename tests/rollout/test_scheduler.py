@@ -297,3 +297,17 @@ async def test_an_env_config_the_servers_refuse_fails_fast_naming_the_key(pool: 
             await asyncio.wait_for(scheduler.get_batch(), 30)
     finally:
         await scheduler.close()
+
+
+async def test_a_simulated_engine_with_a_callable_latency_draws_one_per_reply(tokenizer: Any) -> None:
+    """The scheduling benchmarks' uneven replies: ``latency_s`` may be a callable, asked once per reply."""
+    drawn: list[int] = []
+
+    def draw() -> float:
+        drawn.append(len(drawn))
+        return 0.001
+
+    sim = SimulatedEngine(tokenizer, MOVES, latency_s=draw)
+    replies = [await sim.generate([1, 2], SamplingParams(max_new_tokens=4)) for _ in range(3)]
+    assert drawn == [0, 1, 2] and all(r.token_ids for r in replies)
+    assert sim.stats()["requests"] == 3

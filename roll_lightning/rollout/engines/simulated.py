@@ -1,9 +1,9 @@
 """`SimulatedEngine`: a stand-in engine for *scheduling* tests and benchmarks, never for training.
 
-Every call takes a fixed latency (as if the reply came from a batched accelerator that serves any number of
-concurrent requests in the same time) and answers with one of the given reply texts, tokenised. Its log-probs
-are a constant placeholder. It lets the scheduler be measured without a model: engine busy time is the time at
-least one request is in flight.
+Every call takes a latency (fixed, or drawn per reply by a callable: uneven replies for the scheduling
+benchmarks), as if the reply came from a batched accelerator that serves any number of concurrent requests at
+once, and answers with one of the given reply texts, tokenised. Its log-probs are a constant placeholder. It lets
+the scheduler be measured without a model: engine busy time is the time at least one request is in flight.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from roll_lightning.rollout.engines.base import Generation, SamplingParams, Weights, iter_buckets
@@ -20,7 +20,9 @@ PLACEHOLDER_LOGPROB = -1.0
 
 
 class SimulatedEngine:
-    def __init__(self, tokenizer: Any, replies: Sequence[str], *, latency_s: float = 0.05, seed: int = 0) -> None:
+    def __init__(
+        self, tokenizer: Any, replies: Sequence[str], *, latency_s: float | Callable[[], float] = 0.05, seed: int = 0
+    ) -> None:
         if not replies:
             raise ValueError("SimulatedEngine needs at least one reply text")
         self.policy_version = 0
@@ -40,7 +42,7 @@ class SimulatedEngine:
             self._busy_since = time.perf_counter()
         self._in_flight += 1
         try:
-            await asyncio.sleep(self.latency_s)
+            await asyncio.sleep(self.latency_s() if callable(self.latency_s) else self.latency_s)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

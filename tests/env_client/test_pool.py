@@ -250,6 +250,11 @@ async def test_sigterm_lets_every_episode_in_progress_finish_then_exits(subproce
         async with EnvPool([server.address], transport="batch", health_interval_s=0.2) as pool:
             sessions = [await pool.open("slow", {"max_steps": 6, "delay_s": 0.01}) for _ in range(64)]
             await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
+            # One episode is held open until the refusal is checked: without it the drain can end, and the
+            # server exit, before the new reset below reaches it (then it sees "connection refused", not
+            # "draining"; seen once in CI).
+            held = await pool.open("slow", {"max_steps": 1, "delay_s": 0.01})
+            await held.reset(seed=99)
 
             async def play_out(session) -> int:
                 steps = 0
@@ -265,6 +270,8 @@ async def test_sigterm_lets_every_episode_in_progress_finish_then_exits(subproce
                 await sessions[0].reset(seed=100)
             assert refused.value.draining, refused.value
             assert not pool.endpoints[0].accepting
+            assert server.process.poll() is None, "the server waits for the held episode"
+            assert (await held.step("go")).done, "an episode in progress is still served while draining"
             code = await asyncio.get_running_loop().run_in_executor(None, server.process.wait, 20)
             assert code == 0, "the server stopped once no episode was in progress, long before its 45 s"
     finally:

@@ -49,7 +49,9 @@ def _auto(n: int, d: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def _random_sample(n: int, d: int, generator: torch.Generator) -> torch.Tensor:
-    size = max(d, d * round(n / d))
+    if n < d:  # copied up like every mode: d draws from fewer rows could leave one out
+        return _copy(n, d, generator)
+    size = d * round(n / d)
     return torch.randint(n, (size,), generator=generator)
 
 

@@ -5,19 +5,29 @@ follows, and where the two differ. Ids from `RolloutBatch` are lists of strings:
 and `anchor_ids` first.
 
 One algorithm, one file: `grpo.py`, `gigpo.py`, `ppo_gae.py` (each an `estimator.Estimator` that declares what
-it needs), and the policy terms in `policy_loss.py` (`PPO`, `GSPO`). `ESTIMATORS` and `POLICY_LOSSES` map the
-config's names to them.
+it needs), and the policy terms in `policy_loss.py` (`PPO`, `GSPO`). `ESTIMATORS`, `POLICY_LOSSES`,
+`AGGREGATIONS` and `KL_ESTIMATORS` map the config's names to them.
 """
 
-from roll_lightning.algorithms.aggregation import AGG_MODES, AggMode, aggregate, masked_mean
+from roll_lightning.algorithms.aggregation import (
+    AGG_MODES,
+    AGGREGATIONS,
+    AggMode,
+    Aggregation,
+    aggregate,
+    aggregation_named,
+    masked_mean,
+)
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
 from roll_lightning.algorithms.gigpo import GiGPO, discounted_step_returns, gigpo_advantages
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index, segment_ids
 from roll_lightning.algorithms.grpo import GRPO, grpo_advantages
 from roll_lightning.algorithms.losses import (
+    KL_ESTIMATORS,
     KLKind,
     entropy_from_logits,
     gspo_policy_loss,
+    kl_estimator,
     kl_penalty,
     ppo_policy_loss,
     value_loss,
@@ -29,9 +39,11 @@ ESTIMATORS: dict[str, type[GRPO] | type[GiGPO] | type[PPOGAE]] = {e.name: e for 
 
 __all__ = [
     "AGG_MODES",
+    "AGGREGATIONS",
     "ESTIMATORS",
     "GRPO",
     "GSPO",
+    "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PPO",
     "PPOGAE",
@@ -40,8 +52,10 @@ __all__ = [
     "GiGPO",
     "PolicyLoss",
     "AggMode",
+    "Aggregation",
     "KLKind",
     "aggregate",
+    "aggregation_named",
     "anchor_ids",
     "discounted_step_returns",
     "entropy_from_logits",
@@ -50,6 +64,7 @@ __all__ = [
     "grpo_advantages",
     "gspo_policy_loss",
     "ids_to_index",
+    "kl_estimator",
     "kl_penalty",
     "masked_mean",
     "ppo_policy_loss",

@@ -7,6 +7,7 @@ the loss or its gradient, even when they hold NaN/inf (they are replaced before 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -180,6 +181,42 @@ def gspo_token_losses(
     return scaled, num_seqs, metrics
 
 
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1: ``logp - ref_logp`` (unbiased, high variance, can be < 0)."""
+    return logp - ref_logp
+
+
+def kl_abs(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """``|logp - ref_logp|``."""
+    return (logp - ref_logp).abs()
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2: ``0.5 (logp - ref_logp)^2``."""
+    return 0.5 * (logp - ref_logp).square()
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3: ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, >= 0, low variance), with ``ref - logp`` clamped to
+    [-20, 20] and the result to [-10, 10], as verl."""
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+
+
+KLEstimator = Callable[[Tensor, Tensor], Tensor]
+KL_ESTIMATORS: dict[str, KLEstimator] = {
+    "k1": kl_k1, "kl": kl_k1, "abs": kl_abs, "k2": kl_k2, "mse": kl_k2, "k3": kl_k3, "low_var_kl": kl_k3,
+}  # fmt: skip
+
+
+def kl_estimator(kind: str) -> KLEstimator:
+    """The estimator called ``kind`` (a `KLKind`), chosen once."""
+    try:
+        return KL_ESTIMATORS[kind]
+    except KeyError:
+        raise ValueError(f"unknown KL kind {kind!r}; expected one of {tuple(KL_ESTIMATORS)}") from None
+
+
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
     """Per-token estimators of KL(pi || ref) from tokens sampled by pi (Schulman, "Approximating KL"), ``[B, L]``:
 
@@ -190,17 +227,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> T
 
     k3 clamps ``ref - logp`` to [-20, 20] and the result to [-10, 10], as verl. Not masked: aggregate it.
     """
-    diff = logp - ref_logp
-    if kind in ("k1", "kl"):
-        return diff
-    if kind == "abs":
-        return diff.abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * diff.square()
-    if kind in ("k3", "low_var_kl"):
-        log_ratio = (-diff).clamp(-20.0, 20.0)
-        return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown KL kind {kind!r}")
+    return kl_estimator(kind)(logp, ref_logp)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

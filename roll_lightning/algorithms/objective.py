@@ -11,7 +11,7 @@
 With an off-policy correction (`algorithms.correction`) the policy token losses are weighted, ``w_t l_t``, and
 tokens a mask dropped leave P's numerator and denominator.
 
-Every term is ``N / D``: a numerator that adds up over rows (`aggregation.numerator`: sums of token losses,
+Every term is ``N / D``: a numerator that adds up over rows (`aggregation.Aggregation.numerator`: sums of token losses,
 or of per-row means) and a denominator fixed by the *whole* mini-batch's mask (`Divisors`: its tokens, its
 rows, its sequences, or a constant). A micro-batch adds ``N_k / D`` for each term, so the sum over micro-batches
 is the mini-batch's loss and gradient exactly, whatever the split (1 row or all of them, padded to the batch or
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from roll_lightning.algorithms import losses
-from roll_lightning.algorithms.aggregation import AggMode, denominator, numerator
+from roll_lightning.algorithms.aggregation import TOKEN_MEAN, Aggregation
 from roll_lightning.algorithms.policy_loss import PPO, PolicyLoss
 
 # Metrics that are parts of the loss: a micro-batch's value is its contribution, so they add up (the others are
@@ -67,15 +67,17 @@ class Objective:
     """The loss's settings, chosen once (from `training.config.AlgorithmConfig.objective`).
 
     ``policy``: the policy term P with its clip range (`policy_loss.PPO` or `policy_loss.GSPO`).
+    ``aggregation``: how P (PPO), K and H become ``N / D`` (`aggregation.TokenMean` and its siblings).
+    ``kl``: the per-token estimator of K (`losses.KL_ESTIMATORS`; k3 by default).
     ``norm_len``: the constant of ``seq-mean-token-sum-norm`` (None: the padded width of the batch the
     divisors are taken from, the same for all its micro-batches).
     """
 
     policy: PolicyLoss = field(default_factory=PPO)
-    aggregation: AggMode = "token-mean"
+    aggregation: Aggregation = TOKEN_MEAN
     norm_len: int | None = None
     kl_coef: float = 0.0
-    kl_kind: losses.KLKind = "low_var_kl"
+    kl: losses.KLEstimator = losses.kl_k3
     entropy_coef: float = 0.0
     value_coef: float = 0.0
     value_clip: float | None = 0.2
@@ -87,8 +89,8 @@ class Objective:
         pmask = mask if policy_mask is None else policy_mask
         return Divisors(
             policy=self.policy.divisor(pmask, self.aggregation, norm_len),
-            regularizer=denominator(mask, self.aggregation, norm_len),
-            value=denominator(mask, "token-mean", norm_len),
+            regularizer=self.aggregation.denominator(mask, norm_len),
+            value=TOKEN_MEAN.denominator(mask, norm_len),
         )
 
     def __call__(self, x: MicroInputs, d: Divisors) -> tuple[Tensor, dict[str, Tensor]]:
@@ -102,11 +104,11 @@ class Objective:
         out["pg_loss"] = policy.detach()
         total = policy
         if self.entropy_coef > 0 and x.entropy is not None:
-            entropy = numerator(x.entropy, x.mask, self.aggregation) / d.regularizer
+            entropy = self.aggregation.numerator(x.entropy, x.mask) / d.regularizer
             total = total - self.entropy_coef * entropy
             out["entropy"] = entropy.detach()
         if self.kl_coef > 0 and x.ref_logp is not None:
-            kl = numerator(losses.kl_penalty(x.logp, x.ref_logp, self.kl_kind), x.mask, self.aggregation)
+            kl = self.aggregation.numerator(self.kl(x.logp, x.ref_logp), x.mask)
             kl = kl / d.regularizer
             total = total + self.kl_coef * kl
             out["kl"] = kl.detach()

@@ -16,7 +16,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from roll_lightning.algorithms import losses
-from roll_lightning.algorithms.aggregation import AggMode, denominator, numerator
+from roll_lightning.algorithms.aggregation import Aggregation
 
 
 class PolicyLoss(ABC):
@@ -34,11 +34,11 @@ class PolicyLoss(ABC):
         """``(l_t, metrics)``: the loss of every token on ``mask`` and the term's metrics but ``pg_loss``."""
 
     @abstractmethod
-    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: AggMode) -> Tensor:
+    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
         """``N``: what these rows add to the term (it sums over micro-batches)."""
 
     @abstractmethod
-    def divisor(self, mask: Tensor, aggregation: AggMode, norm_len: int) -> float:
+    def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
         """``D``: fixed by the whole mini-batch's mask before any micro-batch runs."""
 
 
@@ -61,11 +61,11 @@ class PPO(PolicyLoss):
             dual_clip=self.dual_clip,
         )  # fmt: skip
 
-    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: AggMode) -> Tensor:
-        return numerator(token_losses, mask, aggregation)
+    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
+        return aggregation.numerator(token_losses, mask)
 
-    def divisor(self, mask: Tensor, aggregation: AggMode, norm_len: int) -> float:
-        return denominator(mask, aggregation, norm_len)
+    def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
+        return aggregation.denominator(mask, norm_len)
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,10 @@ class GSPO(PolicyLoss):
         )
         return scaled, metrics  # l_t / |y_j|: their sum is the sum of the sequences' means
 
-    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: AggMode) -> Tensor:
+    def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
         return token_losses.sum()
 
-    def divisor(self, mask: Tensor, aggregation: AggMode, norm_len: int) -> float:
+    def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
         return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))  # the sequences: rows with a reply token
 
 

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
+from roll_lightning.algorithms.aggregation import AGG_MODES, AggMode, aggregation_named
+from roll_lightning.algorithms.losses import kl_estimator
 from roll_lightning.algorithms.objective import Objective
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
 EstimatorName = Literal["grpo", "gigpo", "ppo-gae"]
 PolicyLossName = Literal["ppo", "gspo"]
 BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
-Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 class TrainingConfigError(ValueError):
@@ -114,6 +115,11 @@ class CorrectionConfig:
         }
         _check("model.algorithm.correction", self, checks)
 
+    @property
+    def applied(self) -> bool:
+        """Whether the weights change the loss (``mode: none`` only measures them)."""
+        return self.mode != "none"
+
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
@@ -163,7 +169,7 @@ class AlgorithmConfig:
     clip_low: float | None = None
     clip_high: float | None = None
     dual_clip: float | None = None
-    aggregation: Aggregation = "token-mean"
+    aggregation: AggMode = "token-mean"
     norm_by_std: bool = True
     gamma: float = 1.0
     lam: float = 0.95
@@ -190,8 +196,7 @@ class AlgorithmConfig:
         checks = {
             "estimator": self.estimator in ESTIMATORS,
             "loss": self.loss in POLICY_LOSSES,
-            "aggregation": self.aggregation
-            in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+            "aggregation": self.aggregation in AGG_MODES,
             "ppo_epochs": self.ppo_epochs >= 1,
             "mini_batches": self.mini_batches >= 1,
             "batch_adjust": self.batch_adjust in ("none", "copy", "delete", "auto", "random_sample"),
@@ -199,6 +204,7 @@ class AlgorithmConfig:
             "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
             "temperature": self.temperature > 0,
             "kl_coef": self.kl_coef >= 0,
+            "kl_kind": self.kl_kind in ("k1", "k2", "k3", "abs"),
             "dual_clip": self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip),
             "micro_batching": self.micro_batching in ("token_budget", "fixed"),
             "clip_low": self.clip_low is None or self.clip_low >= 0,
@@ -213,7 +219,7 @@ class AlgorithmConfig:
             "max_grad_norm": self.max_grad_norm >= 0,
         }
         _check("model.algorithm", self, checks)
-        if self.correction.mode != "none" and not self.recompute_old_logprobs:
+        if self.correction.applied and not self.recompute_old_logprobs:
             raise TrainingConfigError(
                 f"model.algorithm.correction.mode={self.correction.mode} needs model.algorithm.recompute_old_logprobs:"
                 " true: the correction weighs the trainer's old log-probs against the sampler's, and without the"
@@ -252,9 +258,9 @@ class AlgorithmConfig:
         """The loss these settings describe (`algorithms.objective`), chosen once."""
         return Objective(
             policy=self.policy_loss,
-            aggregation=self.aggregation,
+            aggregation=aggregation_named(self.aggregation),
             kl_coef=self.kl_coef,
-            kl_kind=self.kl_kind,
+            kl=kl_estimator(self.kl_kind),
             entropy_coef=self.entropy_coef,
             value_coef=self.value_coef if self.uses_critic else 0.0,
             value_clip=self.value_clip,

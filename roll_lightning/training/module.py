@@ -217,7 +217,7 @@ class AgentRLModule(L.LightningModule):
                     trainer_logp, batch.behaviour_logprobs, mask, mode=c.mode, level=c.level, span=c.span, cap=c.cap
                 )
                 out.update({f"train/{k}": float(v) for k, v in correction.metrics.items()})
-                correction = correction if c.mode != "none" else None
+                correction = correction if c.applied else None
             ref_logp = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roll_lightning.algorithms import POLICY_LOSSES
-from roll_lightning.algorithms.aggregation import AGG_MODES
+from roll_lightning.algorithms.aggregation import AGG_MODES, AGGREGATIONS
 from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import MicroInputs, Objective
 from roll_lightning.training import AlgorithmConfig, TrainingConfigError
@@ -92,7 +92,7 @@ def loss_and_grad(obj: Objective, x: dict[str, torch.Tensor], old: torch.Tensor,
 )
 def test_weights_of_one_change_nothing(seed: int, loss: str, aggregation: str, mode: str, level: str) -> None:
     x = batch(seed)
-    obj = Objective(policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2), aggregation=aggregation)  # type: ignore[arg-type]
+    obj = Objective(policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2), aggregation=AGGREGATIONS[aggregation])
     old = x["behaviour"]  # the sampler was the old policy: every ratio is 1
     corr = importance_weights(old, x["behaviour"], x["mask"], mode=mode, level=level)  # type: ignore[arg-type]
     plain = loss_and_grad(obj, x, old, x["mask"])
@@ -107,7 +107,7 @@ def test_masking_a_token_equals_removing_it(seed: int, loss: str, aggregation: s
     old = x["behaviour"].clone()
     row, col = [int(i) for i in x["mask"].nonzero()[seed % int(x["mask"].sum())]]
     old[row, col] += math.log(5.0)  # this token's weight is 5: outside [1/2, 2]; every other one is 1
-    obj = Objective(policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2), aggregation=aggregation)  # type: ignore[arg-type]
+    obj = Objective(policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2), aggregation=AGGREGATIONS[aggregation])
     corr = importance_weights(old, x["behaviour"], x["mask"], mode="mask", level="token", cap=2.0)
     removed = x["mask"].clone()
     removed[row, col] = False

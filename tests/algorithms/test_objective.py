@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roll_lightning.algorithms import POLICY_LOSSES
-from roll_lightning.algorithms.aggregation import AGG_MODES, aggregate
+from roll_lightning.algorithms.aggregation import AGG_MODES, AGGREGATIONS, aggregate
 from roll_lightning.algorithms.losses import gspo_policy_loss, kl_penalty, ppo_policy_loss
 from roll_lightning.algorithms.objective import MicroInputs, Objective
 
@@ -53,7 +53,7 @@ def inputs(seed: int, rows: int = 6, width: int = 12) -> dict[str, torch.Tensor]
 def objective(loss: str, aggregation: str, extra: str) -> Objective:
     clip = (0.2, 0.28) if loss == "ppo" else (3e-4, 4e-4)
     return Objective(
-        policy=POLICY_LOSSES[loss](clip_low=clip[0], clip_high=clip[1]), aggregation=aggregation,  # type: ignore[arg-type]
+        policy=POLICY_LOSSES[loss](clip_low=clip[0], clip_high=clip[1]), aggregation=AGGREGATIONS[aggregation],
         kl_coef=0.1 if extra == "kl" else 0.0, entropy_coef=0.01 if extra == "entropy" else 0.0,
         value_coef=0.5 if extra == "critic" else 0.0,
     )  # fmt: skip
@@ -117,10 +117,10 @@ def test_the_whole_batch_objective_is_the_documented_formula(aggregation: str) -
     for loss in ("ppo", "gspo"):
         obj = Objective(
             policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2),
-            aggregation=aggregation,
+            aggregation=AGGREGATIONS[aggregation],
             kl_coef=0.1,
             entropy_coef=0.01,
-        )  # type: ignore[arg-type]
+        )
         got, _ = obj(micro(x, list(range(6)), "kl", trim=False), obj.divisors(mask))
         got_h, _ = obj(micro(x, list(range(6)), "entropy", trim=False), obj.divisors(mask))
         if loss == "ppo":

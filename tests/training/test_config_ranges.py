@@ -7,13 +7,14 @@ from typing import Any, get_args
 
 import pytest
 
-from roll_lightning.algorithms import ESTIMATORS, GSPO, POLICY_LOSSES, PPO, PPOGAE, GiGPO
+from roll_lightning.algorithms import AGGREGATIONS, ESTIMATORS, GSPO, KL_ESTIMATORS, POLICY_LOSSES, PPO, PPOGAE, GiGPO
+from roll_lightning.algorithms.aggregation import AggMode
 from roll_lightning.rollout.config import RolloutConfigError
 from roll_lightning.rollout.datamodule import EvalConfig
 from roll_lightning.rollout.engines.factory import EngineConfig, EngineConfigError
 from roll_lightning.rollout.layout import STEP, TRAJECTORY
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
-from roll_lightning.training.config import EstimatorName, PolicyLossName
+from roll_lightning.training.config import CorrectionConfig, EstimatorName, PolicyLossName
 from roll_lightning.training.estimate import check_rows
 
 CASES: list[tuple[type, dict[str, Any], type, str]] = [
@@ -35,6 +36,8 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
         TrainingConfigError,
         "dual_clip must be > 1, or null (off); it is loss: ppo's alone",
     ),
+    (AlgorithmConfig, {"kl_kind": "k4"}, TrainingConfigError, "model.algorithm.kl_kind: invalid value 'k4'"),
+    (AlgorithmConfig, {"aggregation": "sum"}, TrainingConfigError, "model.algorithm.aggregation: invalid value 'sum'"),
     (AlgorithmConfig, {"gamma": float("nan")}, TrainingConfigError, "model.algorithm.gamma must be in [0, 1]"),
     (OptimConfig, {"lr": 0.0}, TrainingConfigError, "model.optim.lr must be > 0, got 0.0"),
     (OptimConfig, {"critic_lr": 0.0}, TrainingConfigError, "model.optim.critic_lr must be > 0, or null"),
@@ -86,6 +89,15 @@ def test_each_name_is_chosen_once_into_an_object_that_declares_what_it_needs() -
     assert gigpo.advantage_estimator == GiGPO(gamma=0.5, step_weight=2.0, norm_by_std=False)
     assert AlgorithmConfig(estimator="ppo-gae", gamma=0.9, lam=0.8).advantage_estimator == PPOGAE(gamma=0.9, lam=0.8)
     assert AlgorithmConfig(estimator="ppo-gae").uses_critic and not AlgorithmConfig().uses_critic
+
+
+def test_the_loss_s_aggregation_and_kl_are_chosen_once_into_objects() -> None:
+    assert set(get_args(AggMode)) == set(AGGREGATIONS)
+    for name, aggregation in AGGREGATIONS.items():
+        assert AlgorithmConfig(aggregation=name).objective.aggregation is aggregation  # type: ignore[arg-type]
+    for name in ("k1", "k2", "k3", "abs"):
+        assert AlgorithmConfig(kl_kind=name).objective.kl is KL_ESTIMATORS[name]  # type: ignore[arg-type]
+    assert not CorrectionConfig().applied and CorrectionConfig(mode="mask").applied
 
 
 def test_an_unset_clip_is_the_chosen_loss_s_own_default() -> None:

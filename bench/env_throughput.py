@@ -221,10 +221,10 @@ async def bench_throughput(
         for _ in range(repeats):
             for name, run in variants.items():  # interleaved: A,B,C,D,A,B,C,D,...
                 srv = server if name.endswith("/process") else None
-                batches0, c0, s0 = sum(p.stats["batches"] for p in pools), cpu_seconds(me), cpu_seconds(srv)
+                batches0, c0, s0 = sum(p.counters()["batches"] for p in pools), cpu_seconds(me), cpu_seconds(srv)
                 out = await run(duration)
                 out["client_cpu"], out["server_cpu"] = cpu_seconds(me) - c0, cpu_seconds(srv) - s0
-                out["batches"] = sum(p.stats["batches"] for p in pools) - batches0
+                out["batches"] = sum(p.counters()["batches"] for p in pools) - batches0
                 runs[name].append(out)
         results[env_id] = {name: summarize(rs) for name, rs in runs.items()}
         for r in results[env_id].values():
@@ -573,12 +573,12 @@ async def bench_ws_throughput(duration: float, repeats: int) -> dict[str, Any]:
             await run(min(0.3, duration))
         for _ in range(repeats):
             for name, run in variants.items():  # interleaved
-                b0, c0 = pool.stats["batches"], cpu_seconds(me)
+                b0, c0 = pool.counters()["batches"], cpu_seconds(me)
                 s0 = cpu_seconds(srv if name != "in-process" else None)
                 out = await run(duration)
                 out["client_cpu"] = cpu_seconds(me) - c0
                 out["server_cpu"] = cpu_seconds(srv if name != "in-process" else None) - s0
-                out["batches"] = pool.stats["batches"] - b0
+                out["batches"] = pool.counters()["batches"] - b0
                 runs[name].append(out)
     finally:
         await pool.close()

@@ -19,7 +19,8 @@ What it owns:
 - outages: when no endpoint is healthy, `open` waits for one to come back (up to `outage_timeout_s` from the
   moment the last one went down) instead of failing at once, then raises `EnvOutage` naming the endpoints;
 - batching: concurrent steps (and resets) bound for one endpoint travel in one BatchStep call (adaptive: what
-  arrives while earlier batches are in flight joins the next), so 64 episodes cost one RPC per turn, not 64;
+  arrives while earlier batches are in flight joins the next), so 64 episodes cost one RPC per turn, not 64
+  (`batching.Batcher`, one per endpoint);
 - deadlines on every call, retries only for idempotent calls (same request_id, the server replays).
 """
 
@@ -34,6 +35,7 @@ from typing import Any, Literal
 import grpc
 from grpc_health.v1 import health_pb2
 
+from roll_lightning.env_client.batching import Batcher, Kind
 from roll_lightning.env_client.client import EnvClient
 from roll_lightning.env_client.errors import (
     REFUSED,
@@ -55,6 +57,7 @@ Transport = Literal["batch", "stream", "unary"]
 class Endpoint:
     address: str
     client: EnvClient
+    batcher: Batcher  # the "batch" transport's queues and flushers
     capacity: int = 0
     active: int = 0  # as last reported by the server, plus sessions placed since
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
@@ -66,14 +69,7 @@ class Endpoint:
     ejected: bool = False
     failures: int = 0
     last_error: str = ""  # what the endpoint last answered a failed health check with (for outage messages)
-    waiting: set[asyncio.Future[Any]] = field(default_factory=set)
-    # kind -> [(request, future, absolute deadline)] waiting for the next batch
-    queues: dict[str, list[tuple[Any, asyncio.Future[Any], float]]] = field(
-        default_factory=lambda: {"reset": [], "step": []}
-    )
-    wakeups: dict[str, asyncio.Event] = field(
-        default_factory=lambda: {"reset": asyncio.Event(), "step": asyncio.Event()}
-    )
+    waiting: set[asyncio.Future[Any]] = field(default_factory=set)  # calls an ejection fails at once
 
     @property
     def free(self) -> int:
@@ -149,8 +145,6 @@ class EnvPool:
         self.stats = {
             "ejections": 0,
             "readmissions": 0,
-            "batches": 0,
-            "batched_items": 0,
             "resets": 0,
             "failed_calls": 0,
         }
@@ -175,7 +169,7 @@ class EnvPool:
             addresses = [server.address for server in self.local]
         else:
             addresses = list(self._addresses)
-        self.endpoints = [Endpoint(a, EnvClient(a, **self._client_kwargs)) for a in addresses]
+        self.endpoints = [self._endpoint(a) for a in addresses]
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
         while True:  # servers may still be starting or loading (NOT_SERVING): wait for the first one
             checks = await asyncio.gather(*(self._check(ep) for ep in self.endpoints), return_exceptions=True)
@@ -193,8 +187,14 @@ class EnvPool:
         self._note_availability()
         for ep in self.endpoints:
             self._tasks.append(asyncio.create_task(self._watch(ep)))
-            for kind in ("reset", "step"):
-                self._tasks.append(asyncio.create_task(self._flush_forever(ep, kind)))
+            self._tasks.append(asyncio.create_task(ep.batcher.flush_forever("reset")))
+            self._tasks.append(asyncio.create_task(ep.batcher.flush_forever("step")))
+
+    def _endpoint(self, address: str) -> Endpoint:
+        client = EnvClient(address, **self._client_kwargs)
+        waiting: set[asyncio.Future[Any]] = set()
+        batcher = Batcher(client, address, waiting, max_batch=self.max_batch, max_inflight=self.max_inflight_batches)
+        return Endpoint(address, client, batcher, waiting=waiting)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -405,7 +405,7 @@ class EnvPool:
 
     # -- transports ----------------------------------------------------------------------------------
 
-    async def call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
+    async def call(self, ep: Endpoint, kind: Kind, request: Any, timeout: float) -> Any:
         """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises (each
         failure is counted in ``stats["failed_calls"]``, each reset in ``stats["resets"]``)."""
         self.stats["resets"] += kind == "reset"
@@ -420,10 +420,14 @@ class EnvPool:
     def counters(self) -> dict[str, int]:
         """Running totals since the pool started (logged as ``env/<name>_total``): resets, failed and retried
         calls, endpoint ejections and readmissions, batched calls and the items they carried."""
-        retried = sum(ep.client.retried_calls for ep in self.endpoints)
-        return {**self.stats, "retried_calls": retried}
+        return {
+            **self.stats,
+            "retried_calls": sum(ep.client.retried_calls for ep in self.endpoints),
+            "batches": sum(ep.batcher.batches for ep in self.endpoints),
+            "batched_items": sum(ep.batcher.items for ep in self.endpoints),
+        }
 
-    async def _call(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
+    async def _call(self, ep: Endpoint, kind: Kind, request: Any, timeout: float) -> Any:
         if ep.ejected:
             raise EpisodeFailed(
                 grpc.StatusCode.UNAVAILABLE,
@@ -432,8 +436,8 @@ class EnvPool:
                 session_id=request.session_id,
             )
         transport = self.transport if self.transport in ep.capabilities else "unary"
-        if transport == "batch":
-            result = await self._batched(ep, kind, request, timeout)
+        if transport == "batch":  # a batch-mixed server takes resets in the steps' BatchStep
+            result = await ep.batcher.call("step" if ep.mixed else kind, request, timeout)
         elif transport == "stream":
             result = await self._await(ep, ep.client.stream_call(request, timeout))
         else:
@@ -447,84 +451,6 @@ class EnvPool:
                 session_id=request.session_id,
             )
         return result
-
-    async def _batched(self, ep: Endpoint, kind: str, request: Any, timeout: float) -> Any:
-        # The hot path: one plain future per call, no extra Task. The future sits in the endpoint's queue (for
-        # the flusher) and in `ep.waiting` (so an ejection fails it at once); a timer enforces the deadline.
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        if ep.mixed:  # resets join the steps' queue and travel in the same BatchStep
-            kind = "step"
-        deadline = loop.time() + timeout
-        ep.queues[kind].append((request, fut, deadline))
-        ep.wakeups[kind].set()
-        ep.waiting.add(fut)
-        timer = loop.call_at(deadline, _expire, fut, ep.address, request.session_id, timeout)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            ep.waiting.discard(fut)
-            if not fut.done():
-                fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
-
-    async def _flush_forever(self, ep: Endpoint, kind: str) -> None:
-        inflight = asyncio.Semaphore(self.max_inflight_batches)
-        queue, wakeup = ep.queues[kind], ep.wakeups[kind]
-        while True:
-            await wakeup.wait()
-            await inflight.acquire()  # while earlier batches are out, new calls pile up and join the next one
-            await asyncio.sleep(0)
-            # batch_mixed sends a steps-only batch as a plain BatchStep, and resends resets an older server ignored.
-            send = ep.client.batch_reset if kind == "reset" else ep.client.batch_mixed
-            batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
-            del queue[: self.max_batch]
-            if not queue:
-                wakeup.clear()
-            if not batch:
-                inflight.release()
-                continue
-            self.stats["batches"] += 1
-            self.stats["batched_items"] += len(batch)
-            timeout = max(0.001, min(deadline for _, _, deadline in batch) - asyncio.get_running_loop().time())
-            self._tasks.append(asyncio.create_task(self._send_batch(send, batch, timeout, inflight)))
-            self._tasks = [t for t in self._tasks if not t.done()]
-
-    @staticmethod
-    async def _send_batch(
-        send: Any, batch: list[tuple[Any, asyncio.Future[Any], float]], timeout: float, inflight: Any
-    ) -> None:
-        try:
-            results = await send([req for req, _, _ in batch], timeout)
-            for (_, fut, _), result in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(result)
-        except BaseException as err:  # every caller gets an answer, whatever went wrong (never a hang)
-            for req, fut, _ in batch:
-                if fut.done():
-                    continue
-                if isinstance(err, EpisodeFailed):
-                    fut.set_exception(
-                        EpisodeFailed(err.code, err.detail, endpoint=err.endpoint, session_id=req.session_id)
-                    )
-                else:
-                    fut.set_exception(EpisodeFailed(grpc.StatusCode.CANCELLED, f"batch not delivered: {err!r}"))
-            if not isinstance(err, Exception):
-                raise
-        finally:
-            inflight.release()
-
-
-def _expire(fut: asyncio.Future[Any], address: str, session_id: str, timeout: float) -> None:
-    if not fut.done():
-        fut.set_exception(
-            EpisodeFailed(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"no answer within {timeout:.1f}s",
-                endpoint=address,
-                session_id=session_id,
-            )
-        )
 
 
 def _serves(ep: Endpoint, env_id: str | None) -> bool:

@@ -86,11 +86,11 @@ async def test_concurrent_steps_are_batched(server):
     async with EnvPool([server.address]) as pool:
         sessions = [await pool.open("slow", {"max_steps": 50}) for _ in range(32)]
         await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
-        before = dict(pool.stats)
+        before = pool.counters()
         for _ in range(5):
             await asyncio.gather(*(s.step("go") for s in sessions))
-        batches = pool.stats["batches"] - before["batches"]
-        items = pool.stats["batched_items"] - before["batched_items"]
+        batches = pool.counters()["batches"] - before["batches"]
+        items = pool.counters()["batched_items"] - before["batched_items"]
         assert items == 5 * 32 and batches <= 5 * 4, f"{items} steps took {batches} BatchStep calls"
 
 
@@ -103,11 +103,11 @@ async def test_resets_travel_inside_batch_step(server):
         firsts = await asyncio.gather(*(s.reset(seed=i) for i, s in enumerate(sessions)))
         stepping, resetting = sessions[:4], sessions[4:]
         for _ in range(4):  # half the sessions step (and end their episode) while the other half reset
-            before = pool.stats["batches"]
+            before = pool.counters()["batches"]
             outs = await asyncio.gather(
                 *(s.step("bad") for s in stepping), *(s.reset(seed=sessions.index(s)) for s in resetting)
             )
-            assert pool.stats["batches"] - before == 1, "steps and resets shared one BatchStep"
+            assert pool.counters()["batches"] - before == 1, "steps and resets shared one BatchStep"
             assert all(o.done for o in outs[:4])
             assert [o.observation for o in outs[4:]] == [firsts[sessions.index(s)].observation for s in resetting]
             stepping, resetting = resetting, stepping

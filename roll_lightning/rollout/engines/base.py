@@ -92,6 +92,7 @@ class GenerationEngine(Protocol):
     `EngineRouter` (several replicas behind one engine), `SimulatedEngine` (scheduling tests and benchmarks)."""
 
     policy_version: int
+    concurrent_loads: bool  # may load weights while a sibling replica in this process does (see `EngineRouter`)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
         """Sample one reply. ``key`` names the conversation (a router keeps one key on one replica)."""
@@ -102,8 +103,7 @@ class GenerationEngine(Protocol):
 
         ``weights``: a full mapping, or buckets (`Weights`), consumed once, in order, one bucket at a time; each
         tensor is copied into the engine's own storage (the engine never keeps the caller's tensors, which may be
-        the trainer's live parameters). An engine that cannot take part in a lock-step load beside another
-        replica in the same process (see `EngineRouter`) sets ``concurrent_loads = False``."""
+        the trainer's live parameters)."""
         ...
 
     async def sleep(self) -> None:

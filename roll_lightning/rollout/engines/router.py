@@ -78,6 +78,11 @@ class EngineRouter:
         return min(self.replicas[i].policy_version for i in self.active)
 
     @property
+    def concurrent_loads(self) -> bool:
+        """Whether this router may load beside a sibling one (only if every replica may)."""
+        return all(r.concurrent_loads for r in self.replicas)
+
+    @property
     def active(self) -> list[int]:
         """The replicas serving now."""
         return [i for i, state in enumerate(self.states) if state == ACTIVE]
@@ -197,7 +202,7 @@ class EngineRouter:
             await asyncio.gather(*(r.load_weights(weights, version) for r in targets))
         elif len(targets) == 1:
             await targets[0].load_weights(weights, version)
-        elif all(getattr(r, "concurrent_loads", True) for r in targets):
+        elif all(r.concurrent_loads for r in targets):
             await self._load_in_lock_step(targets, weights, version)
         else:
             log.info("EngineRouter: replicas that cannot load side by side: loading them one after the other")

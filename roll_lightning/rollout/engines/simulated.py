@@ -20,6 +20,8 @@ PLACEHOLDER_LOGPROB = -1.0
 
 
 class SimulatedEngine:
+    concurrent_loads = True
+
     def __init__(
         self, tokenizer: Any, replies: Sequence[str], *, latency_s: float | Callable[[], float] = 0.05, seed: int = 0
     ) -> None:

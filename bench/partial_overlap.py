@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import sys
@@ -41,16 +40,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
-from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 MODES = ("colocated", "disaggregated", "partial")
 TAIL_SHARE, TAIL_FACTOR = 0.05, 10.0
@@ -255,7 +253,7 @@ def main() -> None:
         ap.error("--devices must be even and >= 2 (half train in the disaggregated and partial variants)")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model(MODEL_CACHE, seed=0))
+    tokenizer = AutoTokenizer.from_pretrained(bench_tiny_model())
     bench_run = Run("partial-overlap")
     settings = asyncio.run(run(args, tokenizer))
     res = {

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import sys
@@ -38,16 +37,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
-from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 # (name, colocate, max_staleness): disaggregated generation runs during training, bounded by the staleness;
 # colocated generation is suspended for the whole update (GPUHandoff) and runs one batch ahead.
@@ -249,7 +247,7 @@ def main() -> None:
         ap.error("--warmup must be smaller than --steps")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model(MODEL_CACHE, seed=0))
+    tokenizer = AutoTokenizer.from_pretrained(bench_tiny_model())
     bench_run = Run("partial-rollouts")
     scenarios = asyncio.run(run(args, tokenizer))
     res = {

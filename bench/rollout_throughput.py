@@ -50,17 +50,16 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from bench.support.latency_env import LatencyConfig, expected_step_s  # noqa: E402
+from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.env_client.local import LocalServer, launch_local_server  # noqa: E402
-from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine  # noqa: E402
 from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
-MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 SIM_REPLIES = (
     "<answer>Left</answer>",
     "<answer>Up</answer>",
@@ -390,7 +389,7 @@ def main() -> None:
         ],
     }
     print(f"load average at start: {bench_run.load_start}")
-    model_dir = tiny_model(MODEL_CACHE, seed=0)
+    model_dir = bench_tiny_model()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -51,13 +51,12 @@ import lightning  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run  # noqa: E402
 from bench.support.train_worker import plan_stats, rank_batch, synthetic_episodes, variant_config  # noqa: E402
-from roll_lightning.models.tiny import tiny_model  # noqa: E402
 from roll_lightning.training import AlgorithmConfig  # noqa: E402
 
 WORKER = REPO / "bench" / "support" / "train_worker.py"
-MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {},  # build_tiny_model's defaults: width 64, 2 layers, 2 heads, 1 KV head
     "30m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2},
@@ -135,7 +134,7 @@ def schedule(pairs: int) -> list[str]:
 
 def bench_model(args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
     kwargs = MODELS[name]
-    model_dir = tiny_model(MODEL_CACHE, seed=0, **kwargs)
+    model_dir = bench_tiny_model(**kwargs)
     config = json.loads((model_dir / "config.json").read_text())
     from transformers import AutoTokenizer
 

@@ -46,7 +46,6 @@ if str(REPO) not in sys.path:
 
 from bench.support.results import Run  # noqa: E402
 
-MODEL_CACHE = Path(os.environ.get("ROLL_BENCH_MODELS", "/tmp/roll_lightning_bench_models"))
 MODELS = {
     "smollm2-135m": None,  # roll_lightning.models.smollm.smollm2_path()
     "30m": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 2},
@@ -57,9 +56,9 @@ PROMPT = "You are in a 6x6 room. Push the box onto the target. Which move comes 
 
 def model_dir(name: str) -> Path:
     if name == "30m":
-        from roll_lightning.models.tiny import tiny_model
+        from bench.support.models import bench_tiny_model
 
-        return tiny_model(MODEL_CACHE, seed=0, **MODELS["30m"])
+        return bench_tiny_model(**MODELS["30m"])
     from roll_lightning.models.smollm import smollm2_path
 
     return smollm2_path()

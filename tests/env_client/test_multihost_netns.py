@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from netns import NetnsLab, netns_unavailable_reason
+from support.netns import NetnsLab, netns_unavailable_reason
 
 from roll_lightning.env_client.errors import EpisodeFailed
 from roll_lightning.env_client.pool import EnvPool

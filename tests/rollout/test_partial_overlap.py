@@ -238,9 +238,8 @@ def test_devices_resolve_per_rank() -> None:
         (["train", "cuda:4"], ["cuda:0", "cuda:4"]),
         (["train", "cuda:7"], ["cuda:3", "cuda:7"]),
     ]
-    assert placements[0].shared == ["train"]
     plain = place(None, 2, "cpu", train_device="cpu")
-    assert (plain.labels, plain.devices, plain.shared) == (["replica0", "replica1"], ["cpu", "cpu"], [])
+    assert (plain.labels, plain.devices) == (["replica0", "replica1"], ["cpu", "cpu"])  # no replica shares "train"
 
 
 @pytest.mark.parametrize(

@@ -32,11 +32,6 @@ class Placement:
     labels: list[str]
     devices: list[str]
 
-    @property
-    def shared(self) -> list[str]:
-        """The labels of the replicas on the training device (what a partial-overlap update shrinks)."""
-        return [TRAIN] if TRAIN in self.labels else []
-
 
 def device_rule(devices: Sequence[str]) -> str | None:
     """Why ``devices`` cannot work (None when it can): checked at config time, with rank 0's values."""

@@ -9,7 +9,8 @@ never stays silent for long and never fills with redraws::
 
 Held-out evaluations are printed as lines of their own, above the progress line
 (`roll_lightning.training.eval_report.EvalReport`). The ETA is the
-wall time per step so far (evaluations included) times the steps left, capped by ``trainer.max_time``.
+wall time per step of this fit so far (evaluations included; after a resume, only the steps since) times the
+steps left, capped by ``trainer.max_time``.
 
 What it reads is typed: ``pl_module`` is an `AgentRLModule` (its step counter, limit and evaluation reports),
 and the step's metrics are the ones the module logged under their fixed names (``rollout/``, ``timing/``,
@@ -129,7 +130,8 @@ class RunProgress(ProgressBar):
         elapsed = time.perf_counter() - module.fit_started
         parts = [f"step {done}/{total} ({100 * done / total:.0f}%)" if total else f"step {done}"]
         parts[0] += f" {clock(elapsed)}"
-        eta = _eta(elapsed, done, total, _seconds_left(trainer))
+        left = total - done if total else None
+        eta = _eta(elapsed, done - module.steps_at_fit_start, left, _seconds_left(trainer))
         if eta is not None:
             parts[0] += f", ETA {clock(eta)}"
         if "rollout/success_rate" in metrics:
@@ -200,9 +202,10 @@ def _seconds_left(trainer: L.Trainer) -> float | None:
     return None
 
 
-def _eta(elapsed: float, done: int, total: int | None, time_left: float | None) -> float | None:
-    """Seconds until the run ends: by steps at the pace so far, or by ``max_time``, whichever comes first."""
-    by_steps = elapsed / done * (total - done) if total and done else None
+def _eta(elapsed: float, done_here: int, left: int | None, time_left: float | None) -> float | None:
+    """Seconds until the run ends: by the ``left`` steps at this fit's pace (``done_here`` steps in ``elapsed``
+    seconds; a resumed run's earlier steps are not in them), or by ``max_time``, whichever comes first."""
+    by_steps = elapsed / done_here * left if left is not None and done_here > 0 else None
     candidates = [t for t in (by_steps, time_left) if t is not None]
     return max(0.0, min(candidates)) if candidates else None
 

@@ -119,6 +119,7 @@ class AgentRLModule(L.LightningModule):
         self.last_row_advantages: list[float] | None = None  # the last batch's, one per row (TrajectoryDump)
         self._measure_gap = False
         self.fit_started = time.perf_counter()  # wall clock of this fit's start (minutes in reports, the ETA)
+        self.steps_at_fit_start = 0  # steps_done when this fit started (after a resume: the restored count)
         self.eval_reports: list[EvalReport] = []  # held-out evaluations during fit, kept across resume
 
     # -- models --------------------------------------------------------------------------------------
@@ -377,6 +378,7 @@ class AgentRLModule(L.LightningModule):
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
         self.fit_started = time.perf_counter()
+        self.steps_at_fit_start = self.steps_done
         rollout = rollout_of(self.trainer)
         if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
             return

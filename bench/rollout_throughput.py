@@ -154,8 +154,8 @@ async def run_variant(pool: EnvPool, engine: Any, tokenizer: Any, config: Rollou
         "batch_wall_s": [m["timing/rollout_s"] for m in per_batch],
         "batch_busy_fraction": [m["rollout/engine_busy_fraction"] for m in per_batch],
         "env_step_latency_s": statistics.fmean(m["env/step_latency_s"] for m in per_batch),
-        "episode_retries": per_batch[-1]["rollout/episode_retries_total"],
-        "dropped_groups_failed": per_batch[-1]["rollout/dropped_groups_failed_total"],
+        "episode_retries": per_batch[-1]["env/episode_retries_total"],
+        "dropped_groups_failed": per_batch[-1]["env/dropped_groups_failed_total"],
         "generate_latency_s": statistics.fmean(m["timing/generate_latency_s"] for m in per_batch),
     }
     if gen_calls_before is not None:  # TransformersEngine: requests per model.generate call

@@ -1,6 +1,7 @@
 """Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``: per batch,
-except the counters named ``_total`` (since the run started). A run with named envs (``rollout.envs``) also logs
-each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...`` (`TAG_METRICS`)."""
+except the counters named ``_total`` (since the run started). Faults are ``env/``: the pools' failed, retried
+and ejected calls, and the episodes replayed or groups dropped because their episodes failed. A run with named
+envs (``rollout.envs``) also logs each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...`` (`TAG_METRICS`)."""
 
 from __future__ import annotations
 
@@ -46,13 +47,15 @@ def batch_metrics(
         "rollout/policy_version": float(version),
         "rollout/episodes": float(len(episodes)),
         # counted since the run started (the scheduler's counters), hence _total
-        "rollout/episode_retries_total": float(scheduler.counters["episode_retries"]),
-        "rollout/dropped_groups_failed_total": scheduler.counter("dropped_failed"),
         "rollout/dropped_groups_stale_total": scheduler.counter("dropped_stale"),
         "rollout/gen_tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
         "env/reset_latency_s": mean("reset_latency_s"),
+        # faults, since the run started: episodes replayed (those during an outage use no retry), groups dropped
+        "env/episode_retries_total": float(scheduler.counters["episode_retries"]),
+        "env/outage_waits_total": float(scheduler.counters["outage_waits"]),
+        "env/dropped_groups_failed_total": scheduler.counter("dropped_failed"),
         **{f"env/{name}_total": value for name, value in _pool_counters(scheduler).items()},
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,

@@ -140,7 +140,7 @@ async def test_failed_episodes_are_replayed_with_the_same_seed_then_the_group_is
         await scheduler.close()
     assert sorted(Counter(batch.traj_group_id).values()) == [2, 2]
     assert scheduler.counters["episode_retries"] > 0
-    assert batch.metrics["rollout/dropped_groups_failed_total"] > 0
+    assert batch.metrics["env/dropped_groups_failed_total"] > 0
     for traj in set(batch.traj_id):  # every kept episode ran to its end: no partial episode is trained on
         rows = [i for i, t in enumerate(batch.traj_id) if t == traj]
         assert batch.step[rows[0]].item() == 3

@@ -94,7 +94,8 @@ def test_the_readme_table_names_every_part() -> None:
 
 
 def test_tests_mirror_the_packages_and_the_tier_lists_name_real_files() -> None:
-    """A test file moved without its entry in conftest's ``UNIT``/``SLOW`` would silently change tier."""
+    """``tests/<package>/`` tests ``roll_lightning/<package>/``; a test file moved without its entry in conftest's
+    ``UNIT``/``SLOW`` would silently change tier."""
     tests = ROOT / "tests"
     lists = {  # read from the source: `import conftest` may find another folder's conftest.py
         node.targets[0].id: ast.literal_eval(node.value)
@@ -104,8 +105,12 @@ def test_tests_mirror_the_packages_and_the_tier_lists_name_real_files() -> None:
     }  # fmt: skip
     assert {"UNIT", "SLOW"} <= set(lists)
     assert not sorted(p for p in lists["UNIT"] | lists["SLOW"] if not (tests / p).is_file())
-    for folder in ("algorithms", "rollout", "training", "env_client", "servers", "protocol", "callbacks"):
+    # every package of the trainer has its tests in the folder of its name; the env servers' are in tests/servers/
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} | {"servers", "cli"}
+    for folder in sorted(folders):
         assert list((tests / folder).rglob("test_*.py")), f"tests/{folder}/ has no tests"
+    # at the top of tests/ only the tests of the whole repository (its docs, its README, this house)
+    assert sorted(p.name for p in tests.glob("test_*.py")) == ["test_docs.py", "test_layers.py", "test_readme.py"]
     # tests/ is on sys.path (and on the PYTHONPATH of the processes tests start), so a test folder named like a
     # top-level package would be found as a namespace package and hide it in a process started elsewhere:
     # the env servers' tests are in tests/servers/, not tests/env_servers/

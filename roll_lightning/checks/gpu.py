@@ -12,7 +12,7 @@
 |           | replica on the training GPU sleeps for each update and frees memory there (needs 2 GPUs)         |
 
 Each check is a function returning one `Outcome`; tests/gpu/test_gpu.py runs them under the ``gpu`` pytest
-marker, and tests/test_gpu_check.py runs the CPU-capable ones (FSDP2 over gloo, bf16 autocast) on a CPU, so
+marker, and tests/checks/test_gpu_check.py runs the CPU-capable ones (FSDP2 over gloo, bf16 autocast) on a CPU, so
 their code is exercised without a GPU.
 """
 

@@ -1,6 +1,6 @@
 """The GPU suite (``pytest -m gpu``, or ``python bench/gpu_check.py`` for the table): each check of
 roll_lightning/checks/gpu.py as a test. Skipped, with the reason, where no CUDA device is visible: this project's
-CI machines have none, so tests/test_gpu_check.py runs the same functions on the CPU where they can run."""
+CI machines have none, so tests/checks/test_gpu_check.py runs the same functions on the CPU where they can run."""
 
 from __future__ import annotations
 

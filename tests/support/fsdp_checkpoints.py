@@ -1,4 +1,4 @@
-"""Run by tests/training/test_checkpoints.py as ``python support/fsdp_checkpoints.py MODEL_DIR ROOT DISTRIBUTED``:
+"""Run by tests/checkpoints/test_checkpoints.py as ``python support/fsdp_checkpoints.py MODEL_DIR ROOT DISTRIBUTED``:
 the CLI's checkpointing (`StepCheckpoint`, `ChecksummedCheckpointIO`) under FSDP2 on 2 CPU ranks (gloo,
 `ModelParallelStrategy`): two rollout steps, then ``--ckpt_path last`` resolved and resumed to three.
 ``DISTRIBUTED`` is ``1`` for the strategy's default sharded checkpoints (folders), ``0`` for full files gathered

@@ -1,4 +1,5 @@
-"""`quiet_trainer`: the Lightning Trainer the tests build, on CPU with nothing printed or logged."""
+"""`quiet_trainer`: the Lightning Trainer the tests build, on CPU with nothing printed or logged;
+`checkpointing_trainer`: the same with the CLI's checkpointing and a logger of the test's choice."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+
+from roll_lightning.checkpoints import ChecksummedCheckpointIO, StepCheckpoint
 
 
 def quiet_trainer(root: Path, **options: Any) -> L.Trainer:
@@ -21,3 +24,12 @@ def quiet_trainer(root: Path, **options: Any) -> L.Trainer:
         "enable_checkpointing": False,
     }
     return L.Trainer(**{**settings, **options})
+
+
+def checkpointing_trainer(root: Path, logger: Any, *callbacks: L.Callback) -> L.Trainer:
+    """The CLI's checkpointing (a `StepCheckpoint`, `ChecksummedCheckpointIO`) with ``logger`` (or False)."""
+    return L.Trainer(
+        accelerator="cpu", devices=1, default_root_dir=root, logger=logger, max_steps=-1, max_epochs=-1,
+        callbacks=[StepCheckpoint(), *callbacks], plugins=[ChecksummedCheckpointIO()],
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip

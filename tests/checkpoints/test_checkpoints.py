@@ -22,13 +22,13 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from roll_lightning.checkpoints import (
     CheckpointError,
     ChecksummedCheckpointIO,
-    StepCheckpoint,
     read_stamp,
     resolve_ckpt_path,
     verify,
 )
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
 from roll_lightning.training.module import AgentRLModule
+from support.trainers import checkpointing_trainer as trainer
 
 TESTS = Path(__file__).parent.parent
 
@@ -41,15 +41,6 @@ class CountSteps(L.Callback):
 
     def on_train_batch_end(self, *args: Any) -> None:
         self.steps += 1
-
-
-def trainer(root: Path, logger: Any, *callbacks: L.Callback) -> L.Trainer:
-    """The CLI's checkpointing (a `StepCheckpoint`, `ChecksummedCheckpointIO`) with a logger on."""
-    return L.Trainer(
-        accelerator="cpu", devices=1, default_root_dir=root, logger=logger, max_steps=-1, max_epochs=-1,
-        callbacks=[StepCheckpoint(), *callbacks], plugins=[ChecksummedCheckpointIO()],
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
 
 
 def fit(model_dir: Path, batch: Any, root: Path, steps: int, logger: Any, ckpt_path: str | None = None) -> L.Trainer:

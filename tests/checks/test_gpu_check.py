@@ -14,7 +14,7 @@ import torch
 
 from roll_lightning.checks import gpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the command runs the real checks")

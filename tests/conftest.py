@@ -46,12 +46,28 @@ SLOW = {"cli/test_learning.py"}  # minutes each: the CPU recipes learning
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier; the slow ones run last (their recipes start with the suite, see below)."""
+    slow: list[pytest.Item] = []
     for item in items:
         where = Path(str(item.fspath)).resolve().relative_to(TESTS.resolve()).as_posix()
         if item.get_closest_marker("gpu") is None:
             item.add_marker(pytest.mark.unit if where in UNIT else pytest.mark.integration)
         if where in SLOW:
             item.add_marker(pytest.mark.slow)
+            slow.append(item)
+    items[:] = [item for item in items if item not in slow] + slow
+
+
+@pytest.fixture(scope="session", autouse=True)
+def learning_recipes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The learning runs of the selected learning tests start before the first test, at the lowest CPU priority
+    (`support.recipes`): they count steps, so they use what the rest of the suite leaves idle, and the learning
+    tests, last, find them (nearly) done instead of running them for ten minutes after everything else."""
+    from support import recipes
+
+    recipes.start_selected([item.name for item in request.session.items], tmp_path_factory.mktemp("recipes"))
+    yield
+    recipes.stop_all()
 
 
 @pytest.fixture

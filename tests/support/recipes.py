@@ -1,0 +1,82 @@
+"""The CPU learning recipes as the learning tests run them: ``fit --config configs/<config>`` for a fixed number
+of rollout steps, evaluating before the first update and after the last, each a subprocess with one torch thread.
+
+They count rollout steps, not seconds, so how much of the machine they get changes how long they take, never what
+they learn. That is what lets the suite start them as soon as it has collected them (`start_selected`, called by
+``tests/conftest.py``) at the lowest CPU priority: they run on whatever the rest of the suite leaves idle (the
+suite's own processes always come first) and the learning tests, run last, collect them.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = {  # test name -> (config, rollout steps)
+    "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400),
+    "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400),
+}
+LOWEST_PRIORITY = 19  # nice value: the recipes get the CPU only when the rest of the suite leaves it idle
+HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started it is hung, not slow
+
+
+class Recipe:
+    """``fit --config configs/<config>`` for ``steps`` rollout steps, evaluating at the start and the end, started
+    now as a subprocess at the lowest CPU priority; `result` waits for it."""
+
+    def __init__(self, config: str, steps: int, folder: Path) -> None:
+        self.steps, self.folder = steps, folder
+        env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1"}
+        self.stdout, self.stderr = (folder / "stdout.txt").open("w+"), (folder / "stderr.txt").open("w+")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / config),
+                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(steps),
+                # steps decide the end, not the config's wall-clock budget: the run may share the machine
+                "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"),
+            ],
+            cwd=folder, env=env, stdout=self.stdout, stderr=self.stderr, text=True,
+        )  # fmt: skip
+        # set before the fit starts its env server (Python's start-up alone takes longer), which inherits it
+        os.setpriority(os.PRIO_PROCESS, self.process.pid, LOWEST_PRIORITY)
+
+    def result(self) -> tuple[list[tuple[int, float]], list[dict[str, str]], str]:
+        """The evaluations as (step, held-out success), the per-step training rows, and what the run printed on
+        stdout (a file: progress lines and evaluation lines, as in a log file)."""
+        returncode = self.process.wait(timeout=HANG_GUARD_S)
+        stdout, stderr = (Path(f.name).read_text() for f in (self.stdout, self.stderr))
+        assert returncode == 0, stderr[-3000:]
+        rows = list(csv.DictReader(next((self.folder / "run").rglob("metrics.csv")).open()))
+        evals = [(int(r["step"]), float(r["eval/success_rate"])) for r in rows if r["eval/success_rate"]]
+        assert [step for step, _ in evals] == [0, self.steps]  # before any update, and after the last one
+        train = [r for r in rows if r["rollout/success_rate"]]
+        assert [int(r["step"]) for r in train] == list(range(1, self.steps + 1))  # the x axis: steps from 1
+        return evals, train, stdout
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.stdout.close()
+        self.stderr.close()
+
+
+STARTED: dict[str, Recipe] = {}  # test name -> its recipe, started once per test session
+
+
+def start_selected(test_names: list[str], folder: Path) -> dict[str, Recipe]:
+    """Start the recipe of each selected learning test that has none yet (under ``folder/<test name>``)."""
+    for name in test_names:
+        if name in RECIPES and name not in STARTED:
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            STARTED[name] = Recipe(*RECIPES[name], folder / name)
+    return STARTED
+
+
+def stop_all() -> None:
+    while STARTED:
+        STARTED.popitem()[1].stop()

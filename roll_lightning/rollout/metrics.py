@@ -1,7 +1,8 @@
 """Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``: per batch,
 except the counters named ``_total`` (since the run started). Faults are ``env/``: the pools' failed, retried
 and ejected calls, and the episodes replayed or groups dropped because their episodes failed. A run with named
-envs (``rollout.envs``) also logs each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...`` (`TAG_METRICS`)."""
+envs (``rollout.envs``) also logs each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...``
+(`TAG_METRICS`)."""
 
 from __future__ import annotations
 

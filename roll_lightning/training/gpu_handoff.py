@@ -37,6 +37,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.engines.placement import TRAIN
 from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
@@ -78,12 +79,14 @@ class GPUHandoff(L.Callback):
         colocate = rollout.colocate if rollout is not None else False  # no rollout: nothing to hand over
         return plan_handoff(torch.device(self.ops.device(pl_module)).type, colocate)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.plan(trainer, pl_module).offload_optimizer:  # the engine gets the memory while it generates
             for optimizer in trainer.optimizers:
                 self.ops.move_optimizer_state(optimizer, "cpu")
 
-    def on_rollout_end(self, trainer: L.Trainer, pl_module: Any, batch: Any) -> None:
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
         """Called by the module between the rollout and the update (not a Lightning hook)."""
         datamodule = rollout_of(trainer)
         plan = self.plan(trainer, pl_module)
@@ -115,7 +118,9 @@ class GPUHandoff(L.Callback):
             self._warned = True
         pl_module.log("timing/handoff_s", time.perf_counter() - started, on_step=True, batch_size=len(batch))
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Give the device back to generation before `WeightSync` loads the new weights: wake the engine that
         slept (colocated), or expand the `train` replicas (partial overlap)."""
         rollout, plan = rollout_of(trainer), self.plan(trainer, pl_module)
@@ -131,7 +136,7 @@ class GPUHandoff(L.Callback):
             self._log_moved(pl_module, "expand", moved, 1)
 
     @staticmethod
-    def _log_moved(pl_module: Any, what: str, moved: dict[str, Any], batch_size: int) -> None:
+    def _log_moved(pl_module: L.LightningModule, what: str, moved: dict[str, Any], batch_size: int) -> None:
         values = {f"rollout/{what}_replicas": float(len(moved["replicas"]))}
         if what == "shrink":
             values["rollout/shrink_aborted"] = float(moved["aborted"])

@@ -18,6 +18,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from support.trainers import checkpointing_trainer as trainer
 
 from roll_lightning.checkpoints import (
     CheckpointError,
@@ -28,7 +29,6 @@ from roll_lightning.checkpoints import (
 )
 from roll_lightning.checks.handmade import FixedBatches, handmade_batch
 from roll_lightning.training.module import AgentRLModule
-from support.trainers import checkpointing_trainer as trainer
 
 TESTS = Path(__file__).parent.parent
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.trainers import checkpointing_trainer
 from test_module import fit
 
 from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
@@ -15,7 +16,6 @@ from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimCon
 from roll_lightning.training.lora import base_name as lora_base_name
 from roll_lightning.training.lora import export_adapter, merged_entries
 from roll_lightning.training.module import AgentRLModule
-from support.trainers import checkpointing_trainer
 
 LORA = LoraConfig(rank=4, alpha=8)
 

@@ -19,6 +19,7 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # `support.*` importable here and in server subprocesses (via PYTHONPATH)
 
 import support.plugin_envs  # noqa: E402,F401  (registers crashy/slow)
+from support.recipes import RECIPES, Recipe, start_recipes  # noqa: E402
 from support.servers import ALL_ENVS, start_server  # noqa: E402,F401  (re-exported for the tests)
 
 from env_servers.server import RunningServer  # noqa: E402
@@ -59,15 +60,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def learning_recipes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The learning runs of the selected learning tests start before the first test, at the lowest CPU priority
-    (`support.recipes`): they count steps, so they use what the rest of the suite leaves idle, and the learning
-    tests, last, find them (nearly) done instead of running them for ten minutes after everything else."""
-    from support import recipes
-
-    recipes.start_selected([item.name for item in request.session.items], tmp_path_factory.mktemp("recipes"))
-    yield
-    recipes.stop_all()
+def learning_recipes(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Recipe]]:
+    """The learning runs of the selected learning tests (test name -> `support.recipes.Recipe`), started before the
+    first test at the lowest CPU priority: they count steps, so they use what the rest of the suite leaves idle,
+    and the learning tests, last, find them (nearly) done instead of running them for ten minutes after
+    everything else. Runs still going when the session ends are stopped."""
+    names = [item.name for item in request.session.items if item.name in RECIPES]
+    started = start_recipes(names, tmp_path_factory.mktemp("recipes")) if names else {}
+    yield started
+    for recipe in started.values():
+        recipe.stop()
 
 
 @pytest.fixture

@@ -13,16 +13,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from support.recipes import HANG_GUARD_S, RECIPES, Recipe, start_selected
+from support.recipes import HANG_GUARD_S, RECIPES, Recipe
 
-pytestmark = pytest.mark.timeout(HANG_GUARD_S)  # they wait for runs started with the suite (support.recipes)
-
-
-@pytest.fixture(scope="module")
-def recipes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Recipe]:
-    """The selected recipes: started with the suite by ``tests/conftest.py`` (any not yet started start now)."""
-    names = [item.name for item in request.session.items]
-    return start_selected(names, tmp_path_factory.mktemp("recipes"))
+# the tests wait for runs started with the suite (conftest's learning_recipes)
+pytestmark = pytest.mark.timeout(HANG_GUARD_S)
 
 
 def mean(key: str, part: list[dict[str, str]]) -> float:
@@ -35,7 +29,7 @@ def median(key: str, part: list[dict[str, str]]) -> float:
     return statistics.median(float(r[key]) for r in part)
 
 
-def test_the_main_command_learns_sokoban(recipes: dict[str, Recipe]) -> None:
+def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
     """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps (the 30-minute run does ~2,800) with
     no wall-clock budget (the run shares the machine with the rest of the suite).
 
@@ -44,7 +38,7 @@ def test_the_main_command_learns_sokoban(recipes: dict[str, Recipe]) -> None:
     later (from about step 700: +25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the
     FrozenLake test below covers a policy that reads its board."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
-    evals, train, stdout = recipes["test_the_main_command_learns_sokoban"].result()
+    evals, train, stdout = learning_recipes["test_the_main_command_learns_sokoban"].result()
     (_, before), (_, after) = evals
     assert after - before >= 0.06, evals
     first, last = train[:50], train[-50:]
@@ -56,10 +50,10 @@ def test_the_main_command_learns_sokoban(recipes: dict[str, Recipe]) -> None:
     assert f"{100 * (after - before):+.1f} points since the first evaluation" in stdout
 
 
-def test_the_cpu_recipe_learns_frozenlake(recipes: dict[str, Recipe]) -> None:
+def test_the_cpu_recipe_learns_frozenlake(learning_recipes: dict[str, Recipe]) -> None:
     """In the benchmark runs the policy was at +30 and +50 points at 400 steps, while a policy that only learned to
     answer validly gains about +12."""
-    evals, train, _ = recipes["test_the_cpu_recipe_learns_frozenlake"].result()
+    evals, train, _ = learning_recipes["test_the_cpu_recipe_learns_frozenlake"].result()
     (_, before), (_, after) = evals
     assert after - before >= 0.20, evals
     first, last = train[:50], train[-50:]

@@ -2,7 +2,7 @@
 of rollout steps, evaluating before the first update and after the last, each a subprocess with one torch thread.
 
 They count rollout steps, not seconds, so how much of the machine they get changes how long they take, never what
-they learn. That is what lets the suite start them as soon as it has collected them (`start_selected`, called by
+they learn. That is what lets the suite start them as soon as it has collected them (`start_recipes`, called by
 ``tests/conftest.py``) at the lowest CPU priority: they run on whatever the rest of the suite leaves idle (the
 suite's own processes always come first) and the learning tests, run last, collect them.
 """
@@ -65,18 +65,10 @@ class Recipe:
         self.stderr.close()
 
 
-STARTED: dict[str, Recipe] = {}  # test name -> its recipe, started once per test session
-
-
-def start_selected(test_names: list[str], folder: Path) -> dict[str, Recipe]:
-    """Start the recipe of each selected learning test that has none yet (under ``folder/<test name>``)."""
-    for name in test_names:
-        if name in RECIPES and name not in STARTED:
-            (folder / name).mkdir(parents=True, exist_ok=True)
-            STARTED[name] = Recipe(*RECIPES[name], folder / name)
-    return STARTED
-
-
-def stop_all() -> None:
-    while STARTED:
-        STARTED.popitem()[1].stop()
+def start_recipes(test_names: list[str], folder: Path) -> dict[str, Recipe]:
+    """Start the recipe of each learning test in ``test_names`` (others are ignored), each under ``folder/<name>``."""
+    started = {}
+    for name in (n for n in test_names if n in RECIPES):
+        (folder / name).mkdir(parents=True)
+        started[name] = Recipe(*RECIPES[name], folder / name)
+    return started

@@ -114,6 +114,7 @@ def episode_record(
                 "turn": k,
                 "observation": turn.observation,
                 "reply": turn.reply,
+                "reply_prefix": turn.reply_prefix,
                 "reward": turn.reward,
                 "action_valid": turn.action_valid,
                 "metrics": turn.metrics,

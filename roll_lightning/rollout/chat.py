@@ -37,12 +37,16 @@ class PromptConfig:
         instruction_first_turn: put the env's instruction (from DescribeEnv) before the first turn's message.
         history_turns: step rows only: how many past turns (observation + reply) the prompt shows; trajectory
             rows always carry the whole episode.
+        reply_prefix: text that starts every assistant reply, e.g. ``"<answer>"``: its tokens end the prompt
+            (tokenised with the assistant header, so the model sees its natural tokens), are neither sampled nor
+            trained on, and stay in the conversation; the env receives prefix + reply.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     turn_template: str = DEFAULT_TURN_TEMPLATE
     instruction_first_turn: bool = True
     history_turns: int = 2
+    reply_prefix: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -72,8 +76,9 @@ class TokenHistory:
     ids: list[int] = field(default_factory=list)
     text: str = ""
 
-    def add_user(self, content: str) -> list[int]:
-        """Append a user message and the assistant header; return the ids this added (the prompt delta)."""
+    def add_user(self, content: str, reply_prefix: str = "") -> list[int]:
+        """Append a user message, the assistant header and ``reply_prefix``; return the ids this added (the
+        prompt delta)."""
         self.messages.append({"role": "user", "content": content})
         full = render(self.tokenizer, self.messages, generation_prompt=True)
         if not full.startswith(self.text):
@@ -83,23 +88,29 @@ class TokenHistory:
                 f"{at}: {self.text[at : at + 40]!r} became {full[at : at + 40]!r}); trajectory rows need a "
                 "prefix-stable template: use layout 'step' with this model"
             )
-        delta = full[len(self.text) :]
+        delta = full[len(self.text) :] + reply_prefix
         ids = encode(self.tokenizer, delta)
         self.ids.extend(ids)
-        self.text = full
+        self.text = full + reply_prefix
         return ids
 
-    def add_reply(self, token_ids: list[int], stop_ids: set[int]) -> str:
-        """Append the engine's reply ids as they are; return the reply text (stop token excluded)."""
+    def add_reply(self, token_ids: list[int], stop_ids: set[int], reply_prefix: str = "") -> str:
+        """Append the engine's reply ids as they are; return the assistant message (``reply_prefix`` + the reply,
+        stop token excluded)."""
         self.ids.extend(token_ids)
         reply_text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
-        content = self.tokenizer.decode(body, skip_special_tokens=False)
+        content = reply_prefix + reply_body(self.tokenizer, token_ids, stop_ids)
         self.messages.append({"role": "assistant", "content": content})
         self.text += reply_text
         return content
 
 
-def fresh_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The ids of a whole prompt rendered from scratch (step rows)."""
-    return encode(tokenizer, render(tokenizer, messages, generation_prompt=True))
+def reply_body(tokenizer: Any, token_ids: list[int], stop_ids: set[int]) -> str:
+    """A reply's text as the conversation keeps it: its stop token (eos) left out, special tokens kept."""
+    body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
+    return tokenizer.decode(body, skip_special_tokens=False)
+
+
+def fresh_prompt(tokenizer: Any, messages: list[dict[str, str]], reply_prefix: str = "") -> list[int]:
+    """The ids of a whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows)."""
+    return encode(tokenizer, render(tokenizer, messages, generation_prompt=True) + reply_prefix)

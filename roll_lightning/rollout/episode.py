@@ -36,7 +36,8 @@ class Turn:
     finish_reason: str
     policy_version: int
     observation: str  # what the agent saw when it replied (GiGPO's anchor state)
-    reply: str = ""
+    reply: str = ""  # the assistant message: the reply prefix (a prompt part, not sampled), then the reply
+    reply_prefix: str = ""
     reward: float = 0.0
     action_valid: bool = True
     metrics: dict[str, float] = field(default_factory=dict)
@@ -187,7 +188,7 @@ class EpisodeBuilder:
         return messages
 
     def record_reply(self, generation: Generation, generate_s: float) -> str:
-        """Store the reply; return the action text for the env."""
+        """Store the reply; return the action text for the env: the reply prefix and the reply's text."""
         reply = self.layout.reply_text(self, list(generation.token_ids))
         self.episode.turns.append(
             Turn(
@@ -198,11 +199,12 @@ class EpisodeBuilder:
                 policy_version=generation.policy_version,
                 observation=self.observation,
                 reply=reply,
+                reply_prefix=self.settings.prompt.reply_prefix,
                 generate_s=generate_s,
                 redone=int(generation.extra.get("redone", 0)),
             )
         )
-        return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        return self.settings.prompt.reply_prefix + self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
 
     def record_step(self, outcome: StepOutcome, env_s: float) -> None:
         turn = self.episode.turns[-1]

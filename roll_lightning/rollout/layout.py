@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from roll_lightning.rollout.chat import fresh_prompt
+from roll_lightning.rollout.chat import fresh_prompt, reply_body
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.episode import Episode, EpisodeBuilder
@@ -48,7 +48,7 @@ class Layout(ABC):
 
     @abstractmethod
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
-        """The reply as the conversation keeps it (the stop token left out)."""
+        """The reply as the conversation keeps it: the reply prefix, then the reply (its stop token left out)."""
 
     @abstractmethod
     def rows(self, episode: Episode) -> list[Row]:
@@ -70,11 +70,12 @@ class Trajectory(Layout):
     one_row_per_turn: ClassVar[bool] = False
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
-        added = builder.history.add_user(builder.user_message(turn, builder.observation))
+        prefix = builder.settings.prompt.reply_prefix
+        added = builder.history.add_user(builder.user_message(turn, builder.observation), prefix)
         return added, list(builder.history.ids)
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
-        return builder.history.add_reply(token_ids, builder.stop_ids)
+        return builder.history.add_reply(token_ids, builder.stop_ids, builder.settings.prompt.reply_prefix)
 
     def rows(self, episode: Episode) -> list[Row]:
         if not episode.turns:
@@ -104,12 +105,11 @@ class Step(Layout):
     one_row_per_turn: ClassVar[bool] = True
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
-        prompt = fresh_prompt(builder.tokenizer, builder.window_messages(turn))
+        prompt = fresh_prompt(builder.tokenizer, builder.window_messages(turn), builder.settings.prompt.reply_prefix)
         return prompt, list(prompt)
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
-        body = token_ids[:-1] if token_ids and token_ids[-1] in builder.stop_ids else token_ids
-        return builder.tokenizer.decode(body, skip_special_tokens=False)
+        return builder.settings.prompt.reply_prefix + reply_body(builder.tokenizer, token_ids, builder.stop_ids)
 
     def rows(self, episode: Episode) -> list[Row]:
         rows = []

@@ -167,3 +167,48 @@ async def test_router_keeps_a_conversation_on_one_replica_and_balances_new_ones(
     assert sorted(routes.values()).count(0) == 3 and sorted(routes.values()).count(1) == 3
     assert per_replica == [9.0, 9.0]  # 3 episodes x 3 turns each, never moved
     assert router.policy_version == 2
+
+
+async def test_stop_strings_end_each_reply_at_the_token_that_completes_them(model_dir: Path, tokenizer: Any) -> None:
+    """In a batch where rows stop at different points: each reply is the greedy reply cut at the first token whose
+    text completes the stop string (kept), with its log-probs; a row without it runs to its length."""
+    from support.stops import stop_inside
+
+    from roll_lightning.rollout.engines.base import stop_string_end
+
+    engine = TransformersEngine(model_dir)
+    prompts = [_prompt(tokenizer, f"board {i}: #P_X_O#") for i in range(4)]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0)
+    try:
+        full = [await engine.generate(p, greedy) for p in prompts]
+        stop = stop_inside(tokenizer, full[0].token_ids)
+        stopped = await asyncio.gather(*(engine.generate(p, greedy.replace(stop=(stop,))) for p in prompts))
+    finally:
+        await engine.close()
+    decode = tokenizer.decode
+    for whole, cut in zip(full, stopped, strict=True):
+        end = stop_string_end(decode, whole.token_ids, [stop])
+        if end is None:
+            assert cut.token_ids == whole.token_ids and cut.finish_reason == whole.finish_reason
+            continue
+        assert cut.token_ids == whole.token_ids[:end] and cut.finish_reason == "stop"
+        assert stop in decode(cut.token_ids) and stop not in decode(cut.token_ids[:-1])
+        torch.testing.assert_close(torch.tensor(cut.logprobs), torch.tensor(whole.logprobs[:end]))
+    assert stopped[0].finish_reason == "stop"
+
+
+def test_stop_string_end_is_the_fewest_tokens_whose_text_holds_a_stop() -> None:
+    from roll_lightning.rollout.engines.base import stop_string_end
+
+    pieces = {1: "<ans", 2: "wer>", 3: "Left", 4: "</", 5: "answer", 6: ">\n", 7: "more"}
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    assert stop_string_end(decode, ids, ["</answer>"]) == 6  # completed inside ">\n": that token is kept
+    assert stop_string_end(decode, ids, ["Le", "</answer>"]) == 3  # the earliest of several
+    assert stop_string_end(decode, ids, ["<answer>"]) == 2  # across a token boundary
+    assert stop_string_end(decode, ids, ["nowhere"]) is None
+    assert stop_string_end(decode, [], ["x"]) is None and stop_string_end(decode, ids, []) is None
+    with pytest.raises(ValueError, match="stop must be a list of non-empty strings"):
+        SamplingParams(stop="</answer>")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty"):
+        SamplingParams(stop=("",))

@@ -77,6 +77,25 @@ async def test_greedy_replies_equal_the_transformers_engine(
     assert {g.finish_reason for g in ours} <= {"stop", "length"}
 
 
+async def test_stop_strings_cut_replies_as_the_transformers_engine_does(engine: VLLMEngine, tokenizer: Any) -> None:
+    """vLLM's ``stop`` with the stop string kept: the reply ends with the token that completes it (the same rule
+    and the same ids as the transformers engine), finish reason ``stop``."""
+    from support.stops import stop_inside
+
+    from roll_lightning.rollout.engines.base import stop_string_end
+
+    prompts = [_prompt(tokenizer, f"board {i}: #P_X_O#") for i in range(4)]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0)
+    full = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
+    stop = stop_inside(tokenizer, full[0].token_ids)
+    stopped = await asyncio.gather(*(engine.generate(p, greedy.replace(stop=(stop,))) for p in prompts))
+    for whole, cut in zip(full, stopped, strict=True):
+        end = stop_string_end(tokenizer.decode, whole.token_ids, [stop])
+        assert cut.token_ids == (whole.token_ids if end is None else whole.token_ids[:end])
+        assert cut.finish_reason == (whole.finish_reason if end is None else "stop")
+    assert stopped[0].finish_reason == "stop" and stop in tokenizer.decode(stopped[0].token_ids)
+
+
 async def test_short_requests_join_and_leave_a_running_batch(engine: VLLMEngine, tokenizer: Any) -> None:
     """Continuous batching: replies that need few tokens finish while a long one is still generating."""
     prompt = _prompt(tokenizer, "go")

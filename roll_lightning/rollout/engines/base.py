@@ -21,7 +21,7 @@ trainer, gathering its parameters) to the engine's worker thread that copies the
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -43,6 +43,9 @@ class SamplingParams:
         top_p: nucleus sampling (1.0 = off).
         top_k: 0 = off.
         stop_token_ids: extra ids that end a reply (the tokenizer's eos always does); the stop token is kept.
+        stop: strings that end a reply, e.g. ``["</answer>"]``. The reply ends with the token that completes the
+            first stop string and keeps it (that token may carry a few characters past the string): the reply the
+            env receives and the conversation's next prompt hold exactly the tokens the model sampled.
     """
 
     max_new_tokens: int = 64
@@ -50,8 +53,13 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -132,6 +140,23 @@ class AdapterEngine(Protocol):
     async def load_adapter(self, tensors: Mapping[str, Any], config: Mapping[str, Any], version: int) -> None:
         """Load the adapters (``tensors`` in PEFT's names, ``config`` its adapter config) as ``version``."""
         ...
+
+
+def stop_string_end(
+    decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop: Sequence[str]
+) -> int | None:
+    """How many of ``token_ids`` a reply keeps when it ends at a stop string: the fewest leading tokens whose text
+    contains one of ``stop`` (None when no stop string occurs). ``decode`` turns ids into text."""
+    if not stop or not token_ids or not any(s in decode(token_ids) for s in stop):
+        return None
+    low, high = 1, len(token_ids)  # the text of a longer prefix contains that of a shorter one
+    while low < high:
+        mid = (low + high) // 2
+        if any(s in decode(token_ids[:mid]) for s in stop):
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def mark_seen(call: Any) -> None:

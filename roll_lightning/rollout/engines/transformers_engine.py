@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets
+from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets, stop_string_end
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class TransformersEngine(ThreadedEngine):
         """
         Args:
             model: a model folder (loaded with `AutoModelForCausalLM`) or a model object to generate with.
-            tokenizer: used only for its eos/pad ids; loaded from ``model`` when it is a folder.
+            tokenizer: its eos/pad ids, and its decoder for stop strings; loaded from ``model`` when it is a folder.
             max_batch_size: the most requests in one `generate` call.
             seed: seeds the sampling RNG, so a run's replies are reproducible given the same request order.
             threads: torch intra-op threads for the worker (None = leave torch's setting alone).
@@ -53,6 +53,7 @@ class TransformersEngine(ThreadedEngine):
         if tokenizer is None:
             raise ValueError("TransformersEngine: pass a tokenizer with a model object")
         self.model.to(device).eval()
+        self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -103,6 +104,9 @@ class TransformersEngine(ThreadedEngine):
     async def reset_prefix_cache(self) -> None:
         return None  # generate() keeps no cache across calls
 
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
     # -- worker --------------------------------------------------------------------------------------
 
     def _busy(self) -> bool:
@@ -149,6 +153,7 @@ class TransformersEngine(ThreadedEngine):
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=True,
+            stopping_criteria=[_StopStrings(self._decode, params.stop, width)] if params.stop else None,
         )
         new_tokens = out.sequences[:, width:].cpu()
         # `scores` are the logits after the warpers (temperature, top-k/top-p masks): the sampled distribution
@@ -163,6 +168,9 @@ class TransformersEngine(ThreadedEngine):
                 if token in stop_set:
                     ids, reason = ids[: i + 1], "stop"
                     break
+            cut = stop_string_end(self._decode, ids, params.stop)  # rows finished early are padded: cut first
+            if cut is not None:
+                ids, reason = ids[:cut], "stop"
             results.append(
                 Generation(
                     token_ids=ids,
@@ -173,6 +181,19 @@ class TransformersEngine(ThreadedEngine):
                 )
             )
         return results
+
+
+class _StopStrings:
+    """A per-row stopping criterion: a row is done once its reply's text contains a stop string (the rows that
+    stop early are padded by ``generate`` and cut back by `stop_string_end` afterwards)."""
+
+    def __init__(self, decode: Any, stop: tuple[str, ...], prompt_width: int) -> None:
+        self.decode, self.stop, self.width = decode, stop, prompt_width
+        self.longest = max(len(s) for s in stop)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        tail = input_ids[:, self.width :][:, -(self.longest + 8) :].tolist()  # a stop string spans few tokens
+        return torch.tensor([any(s in self.decode(ids) for s in self.stop) for ids in tail], device=input_ids.device)
 
 
 def _eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:

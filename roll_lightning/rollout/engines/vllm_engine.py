@@ -178,6 +178,8 @@ class VLLMEngine(ThreadedEngine):
                 top_p=p.top_p,
                 top_k=p.top_k,
                 stop_token_ids=list(p.stop_token_ids),
+                stop=list(p.stop),
+                include_stop_str_in_output=True,  # the reply keeps the token that completes the stop string
                 logprobs=0,  # the sampled token's log-prob only
                 flat_logprobs=True,
                 output_kind=RequestOutputKind.FINAL_ONLY,

@@ -101,6 +101,10 @@ class RunProgress(ProgressBar):
             self._write(self.line(trainer, module), final=not self.is_terminal)
             self._last_step_shown = module.steps_done
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "validate":  # a checkpoint's fit evaluations are history: `validate` prints its own
+            self._printed_evals = len(_agent(pl_module).eval_reports)
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.print_evals(_agent(pl_module))
 

@@ -157,6 +157,8 @@ class AlgorithmConfig:
         max_grad_norm: gradient clipping (0 = off).
         recompute_old_logprobs: the PPO ratio's denominator from a trainer forward pass before the update
             (True) or the engine's sampling log-probs (False). Their gap is logged as ``train/logprob_gap``.
+            With one optimiser step per batch (``ppo_epochs`` x ``mini_batches`` = 1, no correction applied) no
+            extra pass is made: the update's own forward, detached, is that denominator (the same weights).
         temperature: the sampling temperature; the trainer divides logits by it so its log-probs describe the
             distribution the engine sampled from.
         correction: off-policy correction of the policy loss (TIS / MIS weights); needs
@@ -252,6 +254,12 @@ class AlgorithmConfig:
     @property
     def uses_critic(self) -> bool:
         return ESTIMATORS[self.estimator].uses_critic
+
+    @property
+    def old_logprobs_from_update(self) -> bool:
+        """The old log-probs are the update's own forward, detached: recomputed, and one step per batch (so no
+        weight moves before the only forward that needs them), no correction weights to make beforehand."""
+        return self.recompute_old_logprobs and self.ppo_epochs * self.mini_batches == 1 and not self.correction.applied
 
     @property
     def objective(self) -> Objective:

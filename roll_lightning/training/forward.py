@@ -62,30 +62,54 @@ def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> Rol
 def token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, *, with_entropy: bool = False, chunk: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]``.
+    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]`` over every position."""
+    logp, entropy = target_logprobs(
+        logits[:, :-1], input_ids[:, 1:], temperature, with_entropy=with_entropy, chunk=chunk
+    )
+    return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0)) if entropy is not None else None
 
-    Computed ``chunk`` positions at a time as ``logit[token] - logsumexp(logits)``: with a 50k vocabulary a
+
+def target_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, *, with_entropy: bool = False, chunk: int = 512
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits / temperature)[target]`` (and the entropy) for logits ``[B, K, V]``, targets ``[B, K]``.
+
+    Computed ``chunk`` positions at a time as ``logit[target] - logsumexp(logits)``: with a 50k vocabulary a
     whole float32 log-softmax of a 2k-token row is 400 MB, and autograd would keep it.
     """
     logps, entropies = [], []
-    for start in range(0, logits.shape[1] - 1, chunk):
-        part = logits[:, start : min(start + chunk, logits.shape[1] - 1)].float() / temperature
-        targets = input_ids[:, start + 1 : start + 1 + part.shape[1]]
+    for start in range(0, logits.shape[1], chunk):
+        part = logits[:, start : start + chunk].float() / temperature
         norm = torch.logsumexp(part, dim=-1)
-        logps.append(part.gather(-1, targets[..., None]).squeeze(-1) - norm)
+        logps.append(part.gather(-1, targets[:, start : start + part.shape[1], None]).squeeze(-1) - norm)
         if with_entropy:
             probs = torch.softmax(part, dim=-1)
             entropies.append(norm - (probs * part).sum(-1))
-    logp = F.pad(torch.cat(logps, dim=1), (1, 0))
-    entropy = F.pad(torch.cat(entropies, dim=1), (1, 0)) if with_entropy else None
+    empty = logits.new_zeros(targets.shape, dtype=torch.float32)
+    logp = torch.cat(logps, dim=1) if logps else empty
+    entropy = (torch.cat(entropies, dim=1) if entropies else empty) if with_entropy else None
     return logp, entropy
 
 
 def policy_forward(
     model: torch.nn.Module, batch: RolloutBatch, temperature: float, *, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-    return token_logprobs(out.logits, batch.input_ids, temperature, with_entropy=with_entropy)
+    """Token-aligned log-probs (and entropies) of the batch's reply tokens; 0 elsewhere. The output head runs
+    only at the positions that predict a reply token in some row (``logits_to_keep``): a step row's prompt is
+    most of its tokens, and with a 50k vocabulary the head and its log-softmax cost as much as the model."""
+    width = batch.input_ids.shape[1]
+    wanted = batch.response_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)  # logits at t - 1 predict token t
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=wanted,
+    )
+    logp, entropy = target_logprobs(out.logits, batch.input_ids[:, wanted + 1], temperature, with_entropy=with_entropy)
+    zeros = logp.new_zeros((logp.shape[0], width))
+    return zeros.index_copy(1, wanted + 1, logp), zeros.index_copy(
+        1, wanted + 1, entropy
+    ) if entropy is not None else None
 
 
 class ValueModel(torch.nn.Module):

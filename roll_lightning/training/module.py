@@ -207,7 +207,9 @@ class AgentRLModule(L.LightningModule):
             nothing = bool(silent.all()) and algo.kl_coef == 0 and algo.entropy_coef == 0 and self.critic is None
             if self._on_every_rank(nothing):
                 return {**out, **self._skip_update(opt)}
-            trainer_logp = self._no_grad_logprobs(self.actor, batch) if algo.recompute_old_logprobs else None
+            from_update = algo.old_logprobs_from_update  # one step: its own forward, detached, is the old policy
+            recompute = algo.recompute_old_logprobs and not from_update
+            trainer_logp = self._no_grad_logprobs(self.actor, batch) if recompute else None
             old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
             correction = None
             if trainer_logp is not None:
@@ -231,7 +233,7 @@ class AgentRLModule(L.LightningModule):
             for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(
-                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values, correction
+                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values, correction, from_update
                 )
                 if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
@@ -277,6 +279,7 @@ class AgentRLModule(L.LightningModule):
         returns: torch.Tensor | None,
         old_values: torch.Tensor | None,
         correction: Correction | None = None,
+        old_from_forward: bool = False,
     ) -> dict[str, float]:
         algo = self.algorithm
         objective = self.objective
@@ -296,7 +299,7 @@ class AgentRLModule(L.LightningModule):
             width = part.input_ids.shape[1]
             tensors = (old_logp, ref_logp, advantages, returns, old_values, weights, policy_mask)
             picked = [_pick(x, micro_rows, width) for x in tensors]
-            loss, metrics = self._micro_loss(objective, divisors, part, *picked)
+            loss, metrics = self._micro_loss(objective, divisors, part, *picked, old_from_forward=old_from_forward)
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
             for k, v in metrics.items():  # parts of the loss add up; means are weighted by the tokens they cover
@@ -319,18 +322,26 @@ class AgentRLModule(L.LightningModule):
         old_values: torch.Tensor | None,
         is_weights: torch.Tensor | None = None,
         policy_mask: torch.Tensor | None = None,
+        *,
+        old_from_forward: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`)."""
+        """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`).
+        ``old_from_forward``: the old log-probs are this forward's, detached (``old_logp`` holds the engine's,
+        for the gap only)."""
         mask = part.response_mask
         with_entropy = objective.entropy_coef > 0
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
+        # the first step's forward still has the weights that sampled: its gap to the engine's log-probs
+        gap = masked_mean((logp.detach() - old_logp).abs(), mask) if self._measure_gap else None
+        if old_from_forward:
+            old_logp = logp.detach()
         values = self.critic(part) if self.critic is not None and returns is not None else None
         inputs = MicroInputs(
             logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns, is_weights, policy_mask
         )
         loss, metrics = objective(inputs, divisors)
-        if self._measure_gap:  # still the weights that the old log-probs came from: the engine-vs-trainer gap
-            metrics["logprob_gap"] = masked_mean((logp.detach() - old_logp).abs(), mask)
+        if gap is not None:
+            metrics["logprob_gap"] = gap
         return loss, metrics
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -374,6 +385,12 @@ class AgentRLModule(L.LightningModule):
         self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics))  # the x axis, as above
         if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(self._reduced(metrics))
+        elif "eval/success_rate" in metrics and self.trainer.state.fn == "validate":
+            from lightning.pytorch.utilities import rank_zero_info
+
+            episodes = len(batch.episode_metrics) * self.trainer.world_size
+            report = EvalReport.of(self.steps_done, self._reduced(metrics), 0.0, None, episodes)
+            rank_zero_info(report.validate_line())  # this command's own measurement, before Lightning's table
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""

@@ -243,6 +243,9 @@ def test_validate_plays_held_out_episodes_only(tmp_path: Path) -> None:
     logged = {k for row in rows for k, v in row.items() if v}
     assert {"eval/success_rate", "eval/return_mean"} <= logged
     assert not any(k.startswith("train/") for k in logged)  # no update happened
+    said = re.search(r"validate: held-out success ([\d.]+)% over 6 episodes, invalid replies [\d.]+%, with the weights "
+                     r"after 0 rollout steps", done.stdout + done.stderr)  # fmt: skip
+    assert said and float(said.group(1)) == round(100 * float(rows[-1]["eval/success_rate"]), 1)
 
 
 def test_sigterm_abandons_the_rollout_in_flight_and_resume_plays_its_groups(tmp_path: Path) -> None:

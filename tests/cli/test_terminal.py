@@ -47,6 +47,13 @@ def test_a_piped_run_prints_progress_evaluations_and_where_everything_went(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert ", resuming after step 3 -> run" in again.stdout.splitlines()[0]
     assert "step 4/4 (100%)" in again.stdout and "held-out success" not in again.stdout.split("step 4/4")[0][-200:]
+    # validate prints what it measured, once, and none of the fit's evaluations kept in the checkpoint
+    checked = run_cli(*shlex.split(rows["validate"])[3:], cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    said = checked.stdout + checked.stderr
+    assert re.search(r"validate: held-out success [\d.]+% over 8 episodes, invalid replies [\d.]+%, with the weights "
+                     r"after 4 rollout steps", said), said  # fmt: skip
+    assert "after 0 rollout steps" not in said and "points since the first evaluation" not in said
 
 
 def test_a_terminal_run_redraws_one_progress_line(tmp_path: Path) -> None:

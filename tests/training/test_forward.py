@@ -40,3 +40,26 @@ def test_micro_batch_plans_cover_every_row_exactly_once_within_budget(
             assert len(plan) <= 3
         elif len(plan) > 1:  # a row longer than the budget may sit alone; groups stay within it
             assert len(plan) * max(lengths[i] for i in plan) <= budget
+
+
+def test_the_policy_forward_runs_the_head_only_where_replies_are_predicted(model_dir, tokenizer) -> None:
+    """`policy_forward` (``logits_to_keep``) gives the reply tokens' log-probs and entropies of a full forward, with
+    their gradients, and 0 off the replies."""
+    from transformers import AutoModelForCausalLM
+
+    from roll_lightning.checks.handmade import handmade_batch
+    from roll_lightning.training.forward import policy_forward
+
+    batch = handmade_batch(model_dir, tokenizer, groups=2, layout="step")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    logp, entropy = policy_forward(model, batch, 0.7, with_entropy=True)
+    full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    expected, expected_entropy = token_logprobs(full.logits, batch.input_ids, 0.7, with_entropy=True)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(logp[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[mask], expected_entropy[mask], atol=1e-5, rtol=1e-5)
+    assert bool((logp[~mask] == 0).all()) and bool((entropy[~mask] == 0).all())
+    head = model.get_output_embeddings().weight
+    (grad,) = torch.autograd.grad(logp[mask].sum(), head, retain_graph=True)
+    (expected_grad,) = torch.autograd.grad(expected[mask].sum(), head)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-4)

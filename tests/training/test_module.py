@@ -199,3 +199,26 @@ def test_the_off_policy_correction_is_measured_and_logged_every_step(
     assert logged["train/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
     assert logged["train/is_truncated_frac"] == logged["train/is_masked_frac"] == 0.0
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
+
+
+def test_one_step_per_batch_takes_the_old_log_probs_from_its_own_forward(
+    model_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """With one optimiser step per batch no no-grad pass runs before the update (the update's forward, detached,
+    is the old policy), and the update equals the one made with an explicit pass's log-probs (here the batch's,
+    which the trainer's equal at temperature 1)."""
+    batch = handmade_batch(model_dir, tokenizer)
+    params, forwards = [], []
+    for i, recompute in enumerate((True, False)):
+        algorithm = AlgorithmConfig(recompute_old_logprobs=recompute, micro_batching="fixed", micro_batch_size=2)
+        assert algorithm.old_logprobs_from_update is recompute
+        module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-4))
+        module.configure_model()
+        calls: list[bool] = []
+        module.actor.register_forward_hook(lambda *_, calls=calls: calls.append(torch.is_grad_enabled()))
+        fit(module, batch, tmp_path / str(i))
+        params.append(torch.cat([p.detach().flatten() for p in module.actor.parameters()]))
+        forwards.append(calls)
+    assert forwards[0] == [True] * ((len(batch) + 1) // 2)  # the micro-batches' forwards alone, all with grad
+    torch.testing.assert_close(params[0], params[1], atol=2e-6, rtol=1e-5)
+    assert not AlgorithmConfig(mini_batches=2).old_logprobs_from_update

@@ -22,6 +22,8 @@ ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
 _VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
 _MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
 METRICS = ("action_valid", "action_effective", "success")
+OBSERVATIONS = ("board", "board+words")
+_TILE_WORDS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 MAX_SIZE = 32
 MAX_MAP_ATTEMPTS = 1000
 # SeedSequence spawn keys that keep the map draws and the slip draws of one seed independent.
@@ -52,6 +54,13 @@ class FrozenLakeConfig:
         default=False,
         metadata={"doc": "accept the first action word anywhere in the reply, no <answer> tag (tiny models)"},
     )
+    observation: str = field(
+        default="board",
+        metadata={
+            "doc": "'board' (RAGEN's grid) or 'board+words': the grid, then where the goal is from you and what "
+            "lies next to you, in words (a small chat model reads words better than a grid)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 2 <= self.size <= MAX_SIZE:
@@ -66,6 +75,8 @@ class FrozenLakeConfig:
             raise ValueError(f"max_steps={self.max_steps} must be >= 1")
         if self.format_penalty > 0:
             raise ValueError(f"format_penalty={self.format_penalty} must be <= 0")
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"observation={self.observation!r} must be one of {', '.join(OBSERVATIONS)}")
 
 
 def generate_map(size: int, frozen_prob: float, seed: int, start_goal: str = "random") -> tuple[str, ...]:
@@ -148,6 +159,26 @@ def render(desc: Sequence[str], row: int, col: int) -> str:
     )
 
 
+def describe_in_words(desc: Sequence[str], row: int, col: int) -> str:
+    """Where the goal lies from (row, col) and what each move leads to, e.g. "The goal is 2 Down and 1 Left of
+    you. Left: ice, Down: hole, Right: edge, Up: ice." (the same state as `render`)."""
+    size = len(desc)
+    if desc[row][col] in "HG":
+        return "You fell into a hole." if desc[row][col] == "H" else "You are on the goal."
+    goal_row, goal_col = next((r, line.index("G")) for r, line in enumerate(desc) if "G" in line)
+    rows, cols = goal_row - row, goal_col - col
+    parts = [
+        f"{abs(n)} {word}"
+        for n, word in ((rows, "Down" if rows > 0 else "Up"), (cols, "Right" if cols > 0 else "Left"))
+        if n
+    ]
+    around = []
+    for name, (dr, dc) in zip(ACTIONS, _MOVES, strict=True):
+        r, c = row + dr, col + dc
+        around.append(f"{name}: {_TILE_WORDS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
+    return f"The goal is {' and '.join(parts)} of you. {', '.join(around)}."
+
+
 @register("frozenlake", FrozenLakeConfig)
 class FrozenLakeEnv:
     """One FrozenLake session: reach G without falling into a hole."""
@@ -173,7 +204,7 @@ class FrozenLakeEnv:
         self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_SLIP_STREAM,)))
         self._steps = 0
         self._done = False
-        return render(self._desc, *self._pos), {"seed": seed, "size": len(self._desc)}
+        return self._observe(), {"seed": seed, "size": len(self._desc)}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -203,7 +234,11 @@ class FrozenLakeEnv:
                 "success": float(success),
             },
         }
-        return render(self._desc, *self._pos), reward, terminated, truncated, info
+        return self._observe(), reward, terminated, truncated, info
+
+    def _observe(self) -> str:
+        board = render(self._desc, *self._pos)
+        return board if self.config.observation == "board" else f"{board}\n{describe_in_words(self._desc, *self._pos)}"
 
     def _cell(self) -> str:
         r, c = self._pos

@@ -171,6 +171,21 @@ def test_render_symbols_hole_goal_and_start():
         env.step("<answer>Up</answer>")
 
 
+def test_board_and_words_say_where_the_goal_is_and_what_each_move_meets():
+    desc = ("SFH", "FFF", "GFF")
+    env = make_env(max_steps=10, observation="board+words")
+    obs, _ = env.reset(0, {"map": desc})
+    assert obs == "P_O\n___\nG__\nThe goal is 2 Down of you. Left: edge, Down: ice, Right: ice, Up: edge."
+    obs, *_ = env.step("<answer>Right</answer>")
+    assert obs.endswith("The goal is 2 Down and 1 Left of you. Left: ice, Down: ice, Right: hole, Up: edge.")
+    obs, *_ = env.step("<answer>Right</answer>")
+    assert obs == "__X\n___\nG__\nYou fell into a hole."
+    env.reset(0, {"map": desc})
+    env.step("<answer>Down</answer>")
+    obs, *_ = env.step("<answer>Down</answer>")
+    assert obs == "__O\n___\n√__\nYou are on the goal."
+
+
 @pytest.mark.parametrize(
     "reply",
     ["", "Down", "<answer>Jump</answer>", "<answer>Down || Down</answer>", "<answer>" * 50_000, "z" * 1_000_000],
@@ -229,6 +244,7 @@ def test_truncation_at_max_steps():
         ({"format_penalty": 1}, "format_penalty"),
         ({"is_slippery": "yes"}, "is_slippery"),
         ({"lenient": "yes"}, "lenient"),
+        ({"observation": "pixels"}, "observation"),
     ],
 )
 def test_config_errors_name_the_field(values, field):

@@ -23,7 +23,6 @@ _VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
 _MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
 METRICS = ("action_valid", "action_effective", "success")
 OBSERVATIONS = ("board", "board+words")
-_TILE_WORDS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 MAX_SIZE = 32
 MAX_MAP_ATTEMPTS = 1000
 # SeedSequence spawn keys that keep the map draws and the slip draws of one seed independent.
@@ -57,8 +56,8 @@ class FrozenLakeConfig:
     observation: str = field(
         default="board",
         metadata={
-            "doc": "'board' (RAGEN's grid) or 'board+words': the grid, then where the goal is from you and what "
-            "lies next to you, in words (a small chat model reads words better than a grid)"
+            "doc": "'board' (RAGEN's grid) or 'board+words': the grid, then in words where the goal is from you "
+            "and which moves fall into a hole (a small chat model reads words better than a grid)"
         },
     )
 
@@ -160,23 +159,22 @@ def render(desc: Sequence[str], row: int, col: int) -> str:
 
 
 def describe_in_words(desc: Sequence[str], row: int, col: int) -> str:
-    """Where the goal lies from (row, col) and what each move leads to, e.g. "The goal is 2 Down and 1 Left of
-    you. Left: ice, Down: hole, Right: edge, Up: ice." (the same state as `render`)."""
+    """Where the goal lies from (row, col) and which moves fall into a hole, e.g. "The goal is 2 Down and 1 Left
+    of you. A hole is Right of you." (the same state as `render`)."""
     size = len(desc)
     if desc[row][col] in "HG":
         return "You fell into a hole." if desc[row][col] == "H" else "You are on the goal."
     goal_row, goal_col = next((r, line.index("G")) for r, line in enumerate(desc) if "G" in line)
     rows, cols = goal_row - row, goal_col - col
-    parts = [
-        f"{abs(n)} {word}"
-        for n, word in ((rows, "Down" if rows > 0 else "Up"), (cols, "Right" if cols > 0 else "Left"))
-        if n
+    offsets = ((rows, "Down" if rows > 0 else "Up"), (cols, "Right" if cols > 0 else "Left"))
+    goal = " and ".join(f"{abs(n)} {word}" for n, word in offsets if n)
+    holes = [
+        name
+        for name, (dr, dc) in zip(ACTIONS, _MOVES, strict=True)
+        if 0 <= row + dr < size and 0 <= col + dc < size and desc[row + dr][col + dc] == "H"
     ]
-    around = []
-    for name, (dr, dc) in zip(ACTIONS, _MOVES, strict=True):
-        r, c = row + dr, col + dc
-        around.append(f"{name}: {_TILE_WORDS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
-    return f"The goal is {' and '.join(parts)} of you. {', '.join(around)}."
+    danger = f"A hole is {' and '.join(holes)} of you." if holes else "No hole is next to you."
+    return f"The goal is {goal} of you. {danger}"
 
 
 @register("frozenlake", FrozenLakeConfig)

@@ -233,7 +233,16 @@ class AgentRLModule(L.LightningModule):
             for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(
-                    opt, batch, mini.tolist(), old_logp, ref_logp, advantages, returns, values, correction, from_update
+                    opt,
+                    batch,
+                    mini.tolist(),
+                    old_logp,
+                    ref_logp,
+                    advantages,
+                    returns,
+                    values,
+                    correction,
+                    old_from_forward=from_update,
                 )
                 if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
@@ -279,6 +288,7 @@ class AgentRLModule(L.LightningModule):
         returns: torch.Tensor | None,
         old_values: torch.Tensor | None,
         correction: Correction | None = None,
+        *,
         old_from_forward: bool = False,
     ) -> dict[str, float]:
         algo = self.algorithm

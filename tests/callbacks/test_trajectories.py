@@ -109,6 +109,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "turn": 0,
                 "observation": SOKOBAN,
                 "reply": XSS,
+                "reply_prefix": "",
                 "reward": 0.5,
                 "action_valid": True,
                 "metrics": {"success": 0.0, "nan_metric": None},  # NaN is not JSON: the viewer could not parse it
@@ -120,7 +121,8 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
             {
                 "turn": 1,
                 "observation": SOKOBAN + "\nmoved",
-                "reply": "Right",
+                "reply": "<answer>Right</answer>",
+                "reply_prefix": "<answer>",
                 "reward": 1.0,
                 "action_valid": True,
                 "metrics": {"success": 1.0},

@@ -29,8 +29,11 @@ def test_viewer_is_self_contained() -> None:
     script = re.search(r"<script>(.*?)</script>", html, re.DOTALL)
     assert script is not None
     # Every untrusted field goes through esc() (the node test below checks the output where node exists).
-    for field in ("t.reply", "t.observation", "ep.prompt", "ep.traj", "ep.env_id"):
+    for field in ("t.observation", "ep.prompt", "ep.traj", "ep.env_id"):
         assert re.search(rf"esc\({re.escape(field)}\)|renderBoard\({re.escape(field)}", script.group(1)), field
+    reply = re.search(r"function replyHtml\(t\) \{(.*?)\n\}", script.group(1), re.DOTALL)  # every reply goes here
+    assert reply and "t.reply" not in script.group(1).replace(reply.group(0), "").replace("t.reply_prefix", "")
+    assert "esc(reply)" in reply.group(1) and "esc(prefix)" in reply.group(1)
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
@@ -58,6 +61,9 @@ def test_viewer_renders_a_dump_escaped(tmp_path: Path, tokenizer: Any) -> None:
     assert 'class="c sokoban-wall"' in sokoban and 'class="c sokoban-target"' in sokoban
     assert 'class="c frozenlake-hole"' in frozen and 'class="c frozenlake-goal"' in frozen
     assert '<div class="note">moved</div>' in out["turns"][1]  # text under the board stays text
+    # the reply prefix (a prompt part, never sampled) is greyed, the sampled rest is not
+    assert re.search(r'<span class="prefix"[^>]*>&lt;answer&gt;</span>Right&lt;/answer&gt;', out["turns"][1])
+    assert 'class="prefix"' not in out["turns"][0]
     assert "return so far <b>1.5</b>" in out["turns"][1] and "badge bad" in out["turns"][2]
     # the board after each move: the next turn's, and after the last one the episode's final board
     assert out["turns"][0].count('class="board"') == 2 and "the end" in out["turns"][1]

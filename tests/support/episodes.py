@@ -30,7 +30,8 @@ def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
             if member == 0:
                 first.reward, first.metrics = 0.5, {"success": 0.0, "nan_metric": float("nan")}
                 second = Turn([5, 6], [7, 8, 9], [-0.1] * 3, "length", step + 1, observation=board + "\nmoved")
-                second.reply, second.reward, second.metrics = "Right", 1.0, {"success": 1.0}
+                second.reply, second.reward, second.metrics = "<answer>Right</answer>", 1.0, {"success": 1.0}
+                second.reply_prefix = "<answer>"  # a prompt part: the viewer greys it
                 turns, end, final = [first, second], "terminated", board + "\nsolved"
             else:
                 first.reward, first.action_valid, first.metrics = -0.1, False, {"success": 0.0}

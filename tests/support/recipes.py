@@ -16,19 +16,26 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = {  # test name -> (config, rollout steps)
-    "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400),
-    "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400),
+RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config, rollout steps, more arguments)
+    "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400, ()),
+    "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400, ()),
+    # SmolLM2: 32 held-out boards instead of 64, and smaller micro-batches (less memory beside the suite)
+    "test_smollm2_learns_the_answer_format": (
+        "frozenlake_llm.yaml",
+        12,
+        ("--data.evaluation.episodes", "32", "--model.algorithm.max_tokens_per_micro", "1024"),
+    ),
 }
 LOWEST_PRIORITY = 19  # nice value: the recipes get the CPU only when the rest of the suite leaves it idle
 HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started it is hung, not slow
 
 
 class Recipe:
-    """``fit --config configs/<config>`` for ``steps`` rollout steps, evaluating at the start and the end, started
-    now as a subprocess at the lowest CPU priority; `result` waits for it."""
+    """``fit --config configs/<config>`` for ``steps`` rollout steps (``more``: further command-line settings),
+    evaluating at the start and the end, started now as a subprocess at the lowest CPU priority; `result` waits
+    for it."""
 
-    def __init__(self, config: str, steps: int, folder: Path) -> None:
+    def __init__(self, config: str, steps: int, more: tuple[str, ...], folder: Path) -> None:
         self.steps, self.folder = steps, folder
         env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1"}
         self.stdout, self.stderr = (folder / "stdout.txt").open("w+"), (folder / "stderr.txt").open("w+")
@@ -37,7 +44,7 @@ class Recipe:
                 sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / config),
                 "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(steps),
                 # steps decide the end, not the config's wall-clock budget: the run may share the machine
-                "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"),
+                "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"), *more,
             ],
             cwd=folder, env=env, stdout=self.stdout, stderr=self.stderr, text=True,
         )  # fmt: skip

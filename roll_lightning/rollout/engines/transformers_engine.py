@@ -8,7 +8,7 @@ batching, so a batch lasts as long as its longest reply; vLLM is the engine for 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +187,7 @@ class _StopStrings:
     """A per-row stopping criterion: a row is done once its reply's text contains a stop string (the rows that
     stop early are padded by ``generate`` and cut back by `stop_string_end` afterwards)."""
 
-    def __init__(self, decode: Any, stop: tuple[str, ...], prompt_width: int) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...], prompt_width: int) -> None:
         self.decode, self.stop, self.width = decode, stop, prompt_width
         self.longest = max(len(s) for s in stop)
 

@@ -171,19 +171,19 @@ def test_render_symbols_hole_goal_and_start():
         env.step("<answer>Up</answer>")
 
 
-def test_board_and_words_say_where_the_goal_is_and_what_each_move_meets():
-    desc = ("SFH", "FFF", "GFF")
+def test_board_and_words_say_where_the_goal_is_and_which_moves_fall_into_a_hole():
+    desc = ("SFH", "FHF", "GFF")
     env = make_env(max_steps=10, observation="board+words")
     obs, _ = env.reset(0, {"map": desc})
-    assert obs == "P_O\n___\nG__\nThe goal is 2 Down of you. Left: edge, Down: ice, Right: ice, Up: edge."
+    assert obs == "P_O\n_O_\nG__\nThe goal is 2 Down of you. No hole is next to you."
     obs, *_ = env.step("<answer>Right</answer>")
-    assert obs.endswith("The goal is 2 Down and 1 Left of you. Left: ice, Down: ice, Right: hole, Up: edge.")
+    assert obs.endswith("The goal is 2 Down and 1 Left of you. A hole is Down and Right of you.")
     obs, *_ = env.step("<answer>Right</answer>")
-    assert obs == "__X\n___\nG__\nYou fell into a hole."
+    assert obs == "__X\n_O_\nG__\nYou fell into a hole."
     env.reset(0, {"map": desc})
     env.step("<answer>Down</answer>")
     obs, *_ = env.step("<answer>Down</answer>")
-    assert obs == "__O\n___\n√__\nYou are on the goal."
+    assert obs == "__O\n_O_\n√__\nYou are on the goal."
 
 
 @pytest.mark.parametrize(

@@ -64,10 +64,21 @@ class RollLightningCLI(LightningCLI):
         from roll_lightning.callbacks.progress import RunProgress
         from roll_lightning.checkpoints import use_checksummed_io
 
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        from roll_lightning.checkpoints import StepCheckpoint
+
         config = self._get(self.config_init, "trainer", default={})
+        given = config.get("callbacks") or []
+        callbacks = list(given) if isinstance(given, list) else [given]
+        checkpointing = config.get("enable_checkpointing") is not False
+        if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+            # `last.ckpt` after every rollout step, so `fit --ckpt_path last` after a kill loses at most the step in
+            # flight (see roll_lightning.checkpoints); a config's own StepCheckpoint (every_n_train_steps) replaces it
+            callbacks.append(StepCheckpoint())
         if config.get("enable_progress_bar") is not False:  # our one-line progress instead of Lightning's bar
-            callbacks = config.get("callbacks") or []
-            kwargs["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), RunProgress()]
+            callbacks.append(RunProgress())
+        kwargs["callbacks"] = callbacks
         return use_checksummed_io(super().instantiate_trainer(**kwargs))  # atomic, checksummed, verified on load
 
     def before_fit(self) -> None:
@@ -127,14 +138,11 @@ def _run(args: list[str] | None) -> None:
 def _trainer_defaults() -> dict[str, Any]:
     from roll_lightning.callbacks.dashboard import HeadlineDashboard
     from roll_lightning.callbacks.summary import RunSummary
-    from roll_lightning.checkpoints import StepCheckpoint
 
-    # `<default_root_dir>/checkpoints/last.ckpt` after every rollout step, whatever the logger, so `fit --ckpt_path
-    # last` after a kill loses at most the step in flight (see roll_lightning.checkpoints)
-    checkpoint = StepCheckpoint()
     return {
-        # RunSummary: where everything went, how to resume; HeadlineDashboard: TensorBoard's headline charts
-        "callbacks": [checkpoint, RunSummary(), HeadlineDashboard()],
+        # RunSummary: where everything went, how to resume; HeadlineDashboard: TensorBoard's headline charts (the
+        # step checkpoint is added in `instantiate_trainer`, unless the config brings its own)
+        "callbacks": [RunSummary(), HeadlineDashboard()],
         "max_steps": -1,  # the run's length is model.rollout_steps (Lightning counts optimiser steps)
         "max_epochs": -1,  # the rollout stream is endless: epochs mean nothing here
         "accelerator": "auto",

@@ -59,6 +59,29 @@ def test_every_shipped_config_parses_and_validates(
         assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
 
 
+def test_a_config_may_bring_its_own_step_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default `last.ckpt` is written after every rollout step; a config's own `StepCheckpoint` (a large model:
+    every 10 steps) replaces that one instead of running beside it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from roll_lightning.checkpoints import StepCheckpoint
+    from roll_lightning.cli import RollLightningCLI
+    from roll_lightning.rollout.datamodule import RolloutDataModule
+    from roll_lightning.training.module import AgentRLModule
+
+    monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    own = ["--trainer.callbacks+=roll_lightning.checkpoints.StepCheckpoint",
+           "--trainer.callbacks.every_n_train_steps=10"]  # fmt: skip
+    for extra, every in (([], 1), (own, 10)):
+        cli = RollLightningCLI(
+            AgentRLModule, RolloutDataModule, run=False, parser_kwargs={"parser_mode": "omegaconf+"},
+            args=["--config", str(ROOT / "configs" / "tiny.yaml"), "--trainer.logger", "false", *extra],
+        )  # fmt: skip
+        checkpoints = [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+        assert len(checkpoints) == 1 and isinstance(checkpoints[0], StepCheckpoint)
+        assert checkpoints[0]._every_n_train_steps == every
+
+
 def test_fit_trains_syncs_logs_and_checkpoints(tmp_path: Path) -> None:
     done = run_cli(
         "fit",

@@ -61,12 +61,10 @@ class RollLightningCLI(LightningCLI):
         check_rows(self.model.estimator, rollout.episode.row_layout, rollout.group_size)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        from roll_lightning.callbacks.progress import RunProgress
-        from roll_lightning.checkpoints import use_checksummed_io
-
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        from roll_lightning.checkpoints import StepCheckpoint
+        from roll_lightning.callbacks.progress import RunProgress
+        from roll_lightning.checkpoints import StepCheckpoint, use_checksummed_io
 
         config = self._get(self.config_init, "trainer", default={})
         given = config.get("callbacks") or []

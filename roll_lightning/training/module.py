@@ -51,6 +51,8 @@ from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weight_sync import WeightSync
 
+MAXIMA = frozenset({"is_weight_max"})  # micro-batch metrics whose step value is their largest, not their mean
+
 
 class AgentRLModule(L.LightningModule):
     def __init__(
@@ -313,7 +315,12 @@ class AgentRLModule(L.LightningModule):
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
             for k, v in metrics.items():  # parts of the loss add up; means are weighted by the tokens they cover
-                sums[f"train/{k}"] += float(v) * (1.0 if k in ADDITIVE else share) if plan else 0.0
+                if not plan:
+                    continue
+                if k in MAXIMA:
+                    sums[f"train/{k}"] = max(sums[f"train/{k}"], float(v))
+                else:
+                    sums[f"train/{k}"] += float(v) * (1.0 if k in ADDITIVE else share)
         if algo.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.parameters(), algo.max_grad_norm)
             sums["train/grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -343,13 +350,19 @@ class AgentRLModule(L.LightningModule):
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
         # the first step's forward still has the weights that sampled: its gap to the engine's log-probs
         gap = masked_mean((logp.detach() - old_logp).abs(), mask) if self._measure_gap else None
-        if old_from_forward:
+        measured: dict[str, torch.Tensor] = {}
+        if old_from_forward:  # old_logp holds the engine's: the off-policy weights are measured, as a pre-pass would
+            c = self.algorithm.correction
+            measured = importance_weights(
+                logp.detach(), old_logp, mask, mode="none", level=c.level, span=c.span, cap=c.cap
+            ).metrics
             old_logp = logp.detach()
         values = self.critic(part) if self.critic is not None and returns is not None else None
         inputs = MicroInputs(
             logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns, is_weights, policy_mask
         )
         loss, metrics = objective(inputs, divisors)
+        metrics.update(measured)
         if gap is not None:
             metrics["logprob_gap"] = gap
         return loss, metrics

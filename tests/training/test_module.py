@@ -73,8 +73,8 @@ def test_the_policy_loss_falls_over_repeated_updates_on_one_batch(
     losses: list[float] = []
     original = module._micro_loss
 
-    def recording(*args: Any) -> Any:
-        loss, metrics = original(*args)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        loss, metrics = original(*args, **kwargs)
         losses.append(float(metrics["pg_loss"]))
         return loss, metrics
 

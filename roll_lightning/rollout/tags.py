@@ -163,8 +163,6 @@ def override(settings: Any, patch: dict[str, Any], key: str) -> Any:
         current = getattr(settings, name)
         if is_dataclass(current) and isinstance(value, dict):
             changes[name] = override(current, value, f"{key}.{name}")
-        elif name in ("stop_token_ids", "stop"):
-            changes[name] = tuple(value)
         else:
             changes[name] = value
     try:

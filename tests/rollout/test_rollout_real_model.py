@@ -28,6 +28,17 @@ def _recomputed_logprobs(model_dir: Path, batch: Any, temperature: float) -> tor
     return torch.nn.functional.pad(logp, (1, 0))  # token-aligned, like behaviour_logprobs
 
 
+async def _one_batch(pool: EnvPool, model_dir: Path, tokenizer: Any, cfg: RolloutConfig) -> Any:
+    """One rollout batch from the tiny model through the transformers engine (seed 1)."""
+    engine = TransformersEngine(model_dir, seed=1)
+    scheduler = RolloutScheduler(pool, engine, tokenizer, cfg)
+    try:
+        return await scheduler.get_batch()
+    finally:
+        await scheduler.close()
+        await engine.close()
+
+
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 async def test_rows_carry_the_engine_tokens_and_log_probs_the_trainer_recomputes(
     pool: EnvPool, model_dir: Path, tokenizer: Any, layout: str
@@ -42,13 +53,7 @@ async def test_rows_carry_the_engine_tokens_and_log_probs_the_trainer_recomputes
     cfg = RolloutConfig(
         env_id="sokoban", env_config={"dim_room": [6, 6], "num_boxes": 1}, group_size=2, batch_size=4, episode=episode
     )
-    engine = TransformersEngine(model_dir, seed=1)
-    scheduler = RolloutScheduler(pool, engine, tokenizer, cfg)
-    try:
-        batch = await scheduler.get_batch()
-    finally:
-        await scheduler.close()
-        await engine.close()
+    batch = await _one_batch(pool, model_dir, tokenizer, cfg)
     mask = batch.response_mask
     replies = sum(len(ep.turns) for ep in batch.episodes)  # response_tokens_mean is per reply
     assert int(mask.sum()) == round(batch.metrics["rollout/response_tokens_mean"] * replies)
@@ -86,13 +91,7 @@ async def test_a_reply_prefix_is_prompt_the_env_receives_and_stop_strings_end_re
     cfg = RolloutConfig(
         env_id="frozenlake", env_config={"size": 4, "max_steps": 3}, group_size=2, batch_size=8, episode=episode
     )
-    engine = TransformersEngine(model_dir, seed=1)
-    scheduler = RolloutScheduler(pool, engine, tokenizer, cfg)
-    try:
-        batch = await scheduler.get_batch()
-    finally:
-        await scheduler.close()
-        await engine.close()
+    batch = await _one_batch(pool, model_dir, tokenizer, cfg)
     turns = [t for ep in batch.episodes for t in ep.turns]
     assert all(t.action_valid for t in turns)  # the env parsed the prefix's answer out of every action
     assert all(t.reply.startswith(prefix) and t.reply_prefix == prefix for t in turns)

@@ -31,6 +31,7 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "algorithms/test_losses.py",
     "algorithms/test_objective.py",
     "callbacks/test_progress.py",
+    "servers/envs/test_board_images.py",
     "servers/envs/test_frozenlake.py",
     "servers/envs/test_sokoban.py",
     "protocol/test_stubs.py",

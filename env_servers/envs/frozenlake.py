@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from env_servers.api import EnvSpec
+from env_servers.api import EnvSpec, Observation
 from env_servers.envs.answer import first_action_word, parse_actions
+from env_servers.envs.board_image import CELL_PIXELS_DOC, IMAGE_METRICS, RENDER_DOC, check_render, legend, show_board
+from env_servers.envs.png import paint_cells, tile_sheet
 from env_servers.registry import register
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
@@ -25,6 +27,16 @@ METRICS = ("action_valid", "action_effective", "success")
 OBSERVATIONS = ("board", "board+words")
 MAX_SIZE = 32
 MAX_MAP_ATTEMPTS = 1000
+# The picture: one tile per map letter (S, F, H, G), then the same four with the player's red disc on top.
+_PICTURE_LETTERS = "FHGS"
+_GROUNDS = {"F": (200, 230, 245), "H": (25, 45, 100), "G": (240, 190, 40), "S": (175, 215, 175)}
+PLAYER_COLOUR, _PLAYER_EDGE = (215, 40, 40), (90, 15, 15)
+_TILES = tuple((_GROUNDS[ch], "", (0, 0, 0), (0, 0, 0)) for ch in _PICTURE_LETTERS) + tuple(
+    (_GROUNDS[ch], "circle", PLAYER_COLOUR, _PLAYER_EDGE) for ch in _PICTURE_LETTERS
+)
+_KIND = np.zeros(256, dtype=np.intp)
+for _i, _ch in enumerate(_PICTURE_LETTERS):
+    _KIND[ord(_ch)] = _i
 # SeedSequence spawn keys that keep the map draws and the slip draws of one seed independent.
 _MAP_STREAM, _SLIP_STREAM = 0, 1
 
@@ -60,6 +72,8 @@ class FrozenLakeConfig:
             "and which moves fall into a hole (a small chat model reads words better than a grid)"
         },
     )
+    render: str = field(default="text", metadata={"doc": RENDER_DOC})
+    cell_pixels: int = field(default=28, metadata={"doc": CELL_PIXELS_DOC})
 
     def __post_init__(self) -> None:
         if not 2 <= self.size <= MAX_SIZE:
@@ -76,6 +90,7 @@ class FrozenLakeConfig:
             raise ValueError(f"format_penalty={self.format_penalty} must be <= 0")
         if self.observation not in OBSERVATIONS:
             raise ValueError(f"observation={self.observation!r} must be one of {', '.join(OBSERVATIONS)}")
+        check_render(self.render, self.cell_pixels)
 
 
 def generate_map(size: int, frozen_prob: float, seed: int, start_goal: str = "random") -> tuple[str, ...]:
@@ -177,6 +192,14 @@ def describe_in_words(desc: Sequence[str], row: int, col: int) -> str:
     return f"The goal is {goal} of you. {danger}"
 
 
+def paint(desc: Sequence[str], row: int, col: int, cell_pixels: int = 28) -> np.ndarray:
+    """The board as RGB ``[size * cell_pixels] * 2``: ice, hole, goal and start as flat colours, the player as a
+    red disc over its tile (so a hole or the goal under it stays visible); the same state as `render`."""
+    kinds = _KIND[np.frombuffer("".join(desc).encode("ascii"), dtype=np.uint8)].reshape(len(desc), -1)
+    kinds[row, col] += len(_PICTURE_LETTERS)
+    return paint_cells(kinds, tile_sheet(cell_pixels, _TILES))
+
+
 @register("frozenlake", FrozenLakeConfig)
 class FrozenLakeEnv:
     """One FrozenLake session: reach G without falling into a hole."""
@@ -189,7 +212,7 @@ class FrozenLakeEnv:
         self._steps = 0
         self._done = True  # step() before reset() is refused like step() after the end
 
-    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str | Observation, dict[str, Any]]:
         """Start an episode on a map built from ``seed`` (or ``options["map"]``: rows of S/F/H/G)."""
         cfg = self.config
         if seed < 0:
@@ -202,9 +225,10 @@ class FrozenLakeEnv:
         self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_SLIP_STREAM,)))
         self._steps = 0
         self._done = False
-        return self._observe(), {"seed": seed, "size": len(self._desc)}
+        obs, image_metrics = self._observe()
+        return obs, {"seed": seed, "size": len(self._desc), **(image_metrics or {})}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         cfg = self.config
@@ -224,19 +248,27 @@ class FrozenLakeEnv:
         truncated = not terminated and self._steps >= cfg.max_steps
         self._done = terminated or truncated
         success = self._cell() == "G"
+        obs, image_metrics = self._observe()
         info = {
             "action_valid": moves is not None,
             "metrics": {
                 "action_valid": float(moves is not None),
                 "action_effective": float(self._pos != old),
                 "success": float(success),
+                **(image_metrics or {}),
             },
         }
-        return self._observe(), reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, info
 
-    def _observe(self) -> str:
-        board = render(self._desc, *self._pos)
-        return board if self.config.observation == "board" else f"{board}\n{describe_in_words(self._desc, *self._pos)}"
+    def _observe(self) -> tuple[str | Observation, dict[str, float] | None]:
+        """The observation (the board per ``render``, then the words if asked) and the picture's metrics."""
+        cfg = self.config
+        view = show_board(cfg.render, render(self._desc, *self._pos), self._paint)
+        words = "" if cfg.observation == "board" else f"\n{describe_in_words(self._desc, *self._pos)}"
+        return view.observation(after=words), view.metrics
+
+    def _paint(self) -> np.ndarray:
+        return paint(self._desc, *self._pos, self.config.cell_pixels)
 
     def _cell(self) -> str:
         r, c = self._pos
@@ -264,8 +296,16 @@ class FrozenLakeEnv:
             )
         instruction = (
             "You are playing FrozenLake. Walk from your position to the goal G without stepping into a hole; "
-            "falling into a hole ends the game. Walking off the edge leaves you in place." + slip + "\n"
-            "Symbols: P you, _ frozen ice, O hole, G goal, X you in a hole, √ you on the goal.\n"
+            "falling into a hole ends the game. Walking off the edge leaves you in place."
+            + slip
+            + "\n"
+            + legend(
+                config.render,
+                "Symbols: P you, _ frozen ice, O hole, G goal, X you in a hole, √ you on the goal.",
+                "Picture: one square per cell; light blue ice, pale green the start (ice too), dark blue hole, "
+                "gold goal; the red disc is you, on the tile you stand on.",
+            )
+            + "\n"
             "Actions: Left, Down, Right, Up. Reward 1 for reaching the goal, else 0.\n" + answer
         )
         return EnvSpec(
@@ -279,5 +319,5 @@ class FrozenLakeEnv:
             reward_max=1.0,
             deterministic=True,
             splits={"train": 0, "test": 0},
-            metrics=METRICS,
+            metrics=METRICS if config.render == "text" else METRICS + IMAGE_METRICS,
         )

@@ -12,14 +12,45 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_servers.api import EnvSpec
+import numpy as np
+
+from env_servers.api import EnvSpec, Observation
 from env_servers.envs.answer import first_action_word, parse_actions
-from env_servers.envs.sokoban.generator import Level, generate_level, render_board
+from env_servers.envs.board_image import CELL_PIXELS_DOC, IMAGE_METRICS, RENDER_DOC, check_render, legend, show_board
+from env_servers.envs.png import paint_cells, tile_sheet
+from env_servers.envs.sokoban.generator import (
+    BOX,
+    BOX_ON_TARGET,
+    FLOOR,
+    PLAYER,
+    PLAYER_ON_TARGET,
+    TARGET,
+    WALL,
+    Level,
+    generate_level,
+    render_board,
+)
 
 ACTIONS = ("Up", "Down", "Left", "Right")
 _VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
 METRICS = ("action_valid", "action_effective", "boxes_on_target", "success")
 MAX_ROOM_SIDE = 32
+
+# The picture: one tile per board symbol. Boxes are squares and the player a disc, inset so the floor or target
+# under them stays visible; a box on a target is green instead of brown.
+_WALL_C, _FLOOR_C, _TARGET_C = (70, 70, 80), (225, 215, 190), (140, 210, 140)
+BOX_COLOUR, BOX_ON_TARGET_COLOUR, PLAYER_COLOUR = (185, 115, 45), (40, 140, 60), (40, 90, 220)
+_PICTURE = {  # symbol -> (ground, shape, fill, edge)
+    WALL: (_WALL_C, "", (0, 0, 0), (0, 0, 0)),
+    FLOOR: (_FLOOR_C, "", (0, 0, 0), (0, 0, 0)),
+    TARGET: (_TARGET_C, "", (0, 0, 0), (0, 0, 0)),
+    BOX: (_FLOOR_C, "square", BOX_COLOUR, (95, 55, 20)),
+    BOX_ON_TARGET: (_TARGET_C, "square", BOX_ON_TARGET_COLOUR, (20, 70, 30)),
+    PLAYER: (_FLOOR_C, "circle", PLAYER_COLOUR, (20, 40, 110)),
+    PLAYER_ON_TARGET: (_TARGET_C, "circle", PLAYER_COLOUR, (20, 40, 110)),
+}
+_TILES = tuple(_PICTURE.values())
+_TO_DIGIT = str.maketrans({symbol: str(i) for i, symbol in enumerate(_PICTURE)})
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,8 @@ class SokobanConfig:
             "- per cell away; potential-based like distance_reward (0 = off)"
         },
     )
+    render: str = field(default="text", metadata={"doc": RENDER_DOC})
+    cell_pixels: int = field(default=28, metadata={"doc": CELL_PIXELS_DOC})
 
     def __post_init__(self) -> None:
         if len(self.dim_room) != 2:
@@ -99,6 +132,7 @@ class SokobanConfig:
         for name in ("box_reward", "solve_reward", "distance_reward", "approach_reward"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        check_render(self.render, self.cell_pixels)
 
 
 def cached_level(config: SokobanConfig, seed: int) -> Level:
@@ -118,6 +152,13 @@ def _cached_generate(
     )
 
 
+def paint(board: str, cell_pixels: int = 28) -> np.ndarray:
+    """The text board (`render_board`'s symbols) as RGB ``[rows * cell_pixels, cols * cell_pixels, 3]``."""
+    digits = board.replace("\n", "").translate(_TO_DIGIT).encode("ascii")
+    kinds = (np.frombuffer(digits, dtype=np.uint8) - ord("0")).reshape(board.count("\n") + 1, -1)
+    return paint_cells(kinds, tile_sheet(cell_pixels, _TILES))
+
+
 class SokobanEnv:
     """One Sokoban session. ``reset(seed)`` builds the level; ``step(reply)`` plays the reply's moves."""
 
@@ -131,7 +172,7 @@ class SokobanEnv:
         self._steps = 0
         self._done = True  # no episode yet: step() before reset() is refused like step() after the end
 
-    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str | Observation, dict[str, Any]]:
         """Start an episode. ``options["level"]`` (board text) plays a given level instead of generating one."""
         text = (options or {}).get("level")
         level = Level.from_text(text) if text is not None else cached_level(self.config, seed)
@@ -148,9 +189,10 @@ class SokobanEnv:
             "boxes_on_target": self._on_target(),
             "level_score": level.score,
         }
-        return self._render(), info
+        obs, image_metrics = self._observe()
+        return obs, {**info, **(image_metrics or {})}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         cfg = self.config
@@ -174,6 +216,7 @@ class SokobanEnv:
         truncated = not terminated and self._steps >= cfg.max_steps
         self._done = terminated or truncated
         on_target = self._on_target()
+        obs, image_metrics = self._observe()
         info = {
             "action_valid": moves is not None,
             "boxes_on_target": on_target,
@@ -182,9 +225,10 @@ class SokobanEnv:
                 "action_effective": float(effective),
                 "boxes_on_target": float(on_target),
                 "success": float(terminated),
+                **(image_metrics or {}),
             },
         }
-        return self._render(), reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, info
 
     def _move(self, move: int) -> tuple[float, bool]:
         """Apply one move; returns (reward, whether the board changed). Blocked moves are no-ops."""
@@ -239,6 +283,13 @@ class SokobanEnv:
             return board
         return "\n".join(row[1:-1] for row in board.split("\n")[1:-1])
 
+    def _observe(self) -> tuple[str | Observation, dict[str, float] | None]:
+        """The observation per ``render`` (the picture is painted from the text board: the same cells) and the
+        picture's metrics (None in text mode)."""
+        board = self._render()
+        view = show_board(self.config.render, board, lambda: paint(board, self.config.cell_pixels))
+        return view.observation(), view.metrics
+
     @classmethod
     def describe(cls, config: SokobanConfig) -> EnvSpec:
         n = config.max_actions_per_turn
@@ -255,7 +306,13 @@ class SokobanEnv:
         instruction = (
             "You are playing Sokoban. Push every box onto a target. You can push a box one cell by walking into it "
             "if the cell beyond it is free; you cannot pull boxes or push two at once, and walls block you.\n"
-            "Symbols: # wall, _ empty floor, O target, X box, √ box on target, P you, S you standing on a target.\n"
+            + legend(
+                config.render,
+                "Symbols: # wall, _ empty floor, O target, X box, √ box on target, P you, S you standing on a target.",
+                "Picture: one square per cell; dark grey wall, beige floor, light green target; a brown square is a "
+                "box, a dark green square a box on a target, the blue disc is you (on the cell you stand on).",
+            )
+            + "\n"
             f"Actions: Up, Down, Left, Right. Rewards: {config.step_penalty} per move, "
             f"{config.box_reward:+} when a box reaches a target, {-config.box_reward:+} when it leaves one, "
             f"{config.solve_reward:+} when all boxes are placed"
@@ -288,5 +345,5 @@ class SokobanEnv:
             reward_max=reward_max,
             deterministic=True,
             splits={"train": 0, "test": 0},
-            metrics=METRICS,
+            metrics=METRICS if config.render == "text" else METRICS + IMAGE_METRICS,
         )

@@ -3,6 +3,7 @@
 Maps use Gymnasium's letters (S start, F frozen, H hole, G goal) so tests can hand them to Gymnasium's
 FrozenLake-v1 as a transition oracle; the observation uses RAGEN/ROLL's symbols. Every reset builds a new
 map from the reset seed, like RAGEN. Slips draw from a per-episode `numpy.random.Generator`.
+With ``render: image`` or ``both`` the board is also (or instead) a PNG of the same state (`paint`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Levels come from `generator.generate_level` (the reset seed fully determines the level); this module owns
 what happens after reset: parsing replies, moving the player, pushing boxes, rewards, termination and the
-`describe` spec. The observation is the RAGEN/ROLL text board.
+`describe` spec. The observation is the RAGEN/ROLL text board, its picture (`picture.py`), or both (`render`).
 """
 
 from __future__ import annotations
@@ -12,45 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from env_servers.api import EnvSpec, Observation
 from env_servers.envs.answer import first_action_word, parse_actions
 from env_servers.envs.board_image import CELL_PIXELS_DOC, IMAGE_METRICS, RENDER_DOC, check_render, legend, show_board
-from env_servers.envs.png import paint_cells, tile_sheet
-from env_servers.envs.sokoban.generator import (
-    BOX,
-    BOX_ON_TARGET,
-    FLOOR,
-    PLAYER,
-    PLAYER_ON_TARGET,
-    TARGET,
-    WALL,
-    Level,
-    generate_level,
-    render_board,
-)
+from env_servers.envs.sokoban.generator import Level, generate_level, render_board
+from env_servers.envs.sokoban.picture import paint
 
 ACTIONS = ("Up", "Down", "Left", "Right")
 _VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
 METRICS = ("action_valid", "action_effective", "boxes_on_target", "success")
 MAX_ROOM_SIDE = 32
-
-# The picture: one tile per board symbol. Boxes are squares and the player a disc, inset so the floor or target
-# under them stays visible; a box on a target is green instead of brown.
-_WALL_C, _FLOOR_C, _TARGET_C = (70, 70, 80), (225, 215, 190), (140, 210, 140)
-BOX_COLOUR, BOX_ON_TARGET_COLOUR, PLAYER_COLOUR = (185, 115, 45), (40, 140, 60), (40, 90, 220)
-_PICTURE = {  # symbol -> (ground, shape, fill, edge)
-    WALL: (_WALL_C, "", (0, 0, 0), (0, 0, 0)),
-    FLOOR: (_FLOOR_C, "", (0, 0, 0), (0, 0, 0)),
-    TARGET: (_TARGET_C, "", (0, 0, 0), (0, 0, 0)),
-    BOX: (_FLOOR_C, "square", BOX_COLOUR, (95, 55, 20)),
-    BOX_ON_TARGET: (_TARGET_C, "square", BOX_ON_TARGET_COLOUR, (20, 70, 30)),
-    PLAYER: (_FLOOR_C, "circle", PLAYER_COLOUR, (20, 40, 110)),
-    PLAYER_ON_TARGET: (_TARGET_C, "circle", PLAYER_COLOUR, (20, 40, 110)),
-}
-_TILES = tuple(_PICTURE.values())
-_TO_DIGIT = str.maketrans({symbol: str(i) for i, symbol in enumerate(_PICTURE)})
 
 
 @dataclass(frozen=True)
@@ -150,13 +121,6 @@ def _cached_generate(
     return generate_level(
         dim_room, num_boxes, seed, search_budget=search_budget, search_depth=search_depth, player_walk=player_walk
     )
-
-
-def paint(board: str, cell_pixels: int = 28) -> np.ndarray:
-    """The text board (`render_board`'s symbols) as RGB ``[rows * cell_pixels, cols * cell_pixels, 3]``."""
-    digits = board.replace("\n", "").translate(_TO_DIGIT).encode("ascii")
-    kinds = (np.frombuffer(digits, dtype=np.uint8) - ord("0")).reshape(board.count("\n") + 1, -1)
-    return paint_cells(kinds, tile_sheet(cell_pixels, _TILES))
 
 
 class SokobanEnv:

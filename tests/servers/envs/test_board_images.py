@@ -14,7 +14,7 @@ from env_servers.api import IMAGE_MARKER, ConfigError, Observation
 from env_servers.envs import frozenlake
 from env_servers.envs.board_image import IMAGE_METRICS
 from env_servers.envs.png import encode_png
-from env_servers.envs.sokoban import env as sokoban
+from env_servers.envs.sokoban import picture as sokoban
 from env_servers.registry import get_env
 
 FL_MOVES = ["<answer>Left</answer>", "<answer>Down</answer>", "<answer>Right</answer>", "<answer>Up</answer>"]

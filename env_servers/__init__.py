@@ -4,7 +4,17 @@ Installable and runnable without torch, transformers or vLLM: env hosts are smal
 `python -m env_servers serve sokoban frozenlake --port 50051`.
 """
 
-from env_servers.api import ConfigError, EnvSpec, TextEnv
+from env_servers.api import IMAGE_MARKER, ConfigError, EnvSpec, Image, Observation, TextEnv
 from env_servers.registry import get_env, known_env_ids, register
 
-__all__ = ["ConfigError", "EnvSpec", "TextEnv", "get_env", "known_env_ids", "register"]
+__all__ = [
+    "IMAGE_MARKER",
+    "ConfigError",
+    "EnvSpec",
+    "Image",
+    "Observation",
+    "TextEnv",
+    "get_env",
+    "known_env_ids",
+    "register",
+]

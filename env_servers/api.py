@@ -7,6 +7,10 @@ An env is any class with GEM/Gymnasium text semantics:
     obs, reward, terminated, truncated, info = env.step(action_text)
     spec = MyEnv.describe(config)             # an EnvSpec, served by DescribeEnv
 
+An observation is a string, or an `Observation`: text plus images, each image standing where the text holds
+an `IMAGE_MARKER` (one marker per image, in order; the proto header has the rules and limits, which
+`env_servers.images` checks).
+
 Rules the runtime relies on (and the conformance tests check):
 - every instance owns its randomness (a `numpy.random.Generator` / `random.Random` built from the reset seed),
   never the process-global RNGs, so the same seed gives the same start state whatever else the process runs;
@@ -51,12 +55,34 @@ class EnvSpec:
     metrics: tuple[str, ...] = ()
 
 
+IMAGE_MARKER = "<image>"
+"""Where an image stands in an observation's text: one marker per image, in the images' order."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """One encoded picture of an observation (``media_type`` ``image/png`` or ``image/jpeg``)."""
+
+    data: bytes
+    media_type: str = "image/png"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What an env shows the agent when it sends pictures: the text, with one `IMAGE_MARKER` per image."""
+
+    text: str
+    images: tuple[Image, ...] = ()
+
+
 class TextEnv(Protocol):
     """Structural type of an env served by `env_servers` (see the module docstring)."""
 
-    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]: ...
+    def reset(
+        self, seed: int, options: Mapping[str, Any] | None = None
+    ) -> tuple[str | Observation, dict[str, Any]]: ...
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+    def step(self, action: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]: ...
 
 
 def parse_config(config_cls: type, values: Mapping[str, Any] | None, *, env_id: str) -> Any:

@@ -19,6 +19,7 @@ which ends by stopping the server with SIGTERM).
 
 from __future__ import annotations
 
+from env_servers.conformance.images import check_images
 from env_servers.conformance.optional import (
     check_auth,
     check_batch_mixed,
@@ -71,6 +72,7 @@ CHECKS = {  # in the order they run; "drain" stops the server, so it is last
     "batch": check_batches,
     "batch-mixed": check_batch_mixed,
     "stream": check_stream,
+    "images": check_images,
     "capacity": check_capacity,
     "idle-reaping": check_idle_reaping,
     "env-crash": check_env_crash,

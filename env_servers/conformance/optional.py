@@ -1,6 +1,6 @@
-"""Rules that apply only to some servers: advertised capabilities (batch, batch-mixed, stream), and rules the
-suite can check only when told how (a small capacity or TTL to fill or wait out, an action that crashes the env,
-the token, a server process it started itself for the loading and drain rules).
+"""Rules that apply only to some servers: advertised capabilities (batch, batch-mixed, stream; "images" has its own
+module), and rules the suite can check only when told how (a small capacity or TTL to fill or wait out, an action
+that crashes the env, the token, a server process it started itself for the loading and drain rules).
 
 A check that does not apply raises `Skipped` with the reason, and the run reports it as SKIP, never as PASS.
 """

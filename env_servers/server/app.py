@@ -25,7 +25,8 @@ from env_servers.server.sessions import SessionTable
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 log = logging.getLogger("env_servers")
-SEND_LIMIT_BYTES = 16 * 1024 * 1024  # answers (observations) are not bounded by the action size
+SEND_LIMIT_BYTES = 64 * 1024 * 1024  # answers are not bounded by the action size: one observation may
+# carry 8 images of 2 MiB (env.proto), and a batch several observations
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 DRAIN_POLL_S = 0.05  # how often a draining server looks for episodes still in progress

@@ -30,7 +30,12 @@ PARALLEL_ITEM_S = 0.001
 INLINE_BUDGET_S = 0.005  # a whole 64-item FrozenLake batch (steps and resets) fits, even on a loaded box
 PROTOCOL_VERSION = "v1"
 IMPLEMENTATION = "env_servers-python/0.1.0"
-CAPABILITIES = ("batch", "batch-mixed", "stream")  # the optional parts of the protocol served here (env.proto)
+CAPABILITIES = (
+    "batch",
+    "batch-mixed",
+    "stream",
+    "images",
+)  # the optional parts of the protocol served here (env.proto)
 T = TypeVar("T")
 
 

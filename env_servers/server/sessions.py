@@ -9,6 +9,8 @@ Rules (see protos/roll_lightning/protocol/v1/env.proto):
   replays the cached answer instead of running the env again.
 - Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
 - An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
+- An observation is text, or text with images (`env_servers.api.Observation`); one that breaks an image rule is
+  never sent: the item fails with INTERNAL naming the rule, and the episode is aborted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from env_servers.api import ConfigError, EnvSpec, TextEnv, config_schema
+from env_servers.api import IMAGE_MARKER, ConfigError, EnvSpec, Observation, TextEnv, config_schema
+from env_servers.images import image_rule_broken
 from env_servers.registry import EnvEntry, get_env
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
@@ -124,14 +127,17 @@ class Session:
         self.episode_id, self.steps_taken, self.done, self.last_step = None, 0, "", None
         try:
             obs, info = self.env.reset(seed, options)
+            text, images = _observation(obs)
             # An unset status reads as code 0 (OK): not building it saves a message per item on the hot path.
-            result = pb.ResetResult(session_id=self.session_id, seed=seed, observation=_check_obs(obs))
+            result = pb.ResetResult(session_id=self.session_id, seed=seed, observation=text)
+            if images:
+                result.images.extend(images)
             if info:
                 result.info.update(_jsonable(info))
         except ProtocolError:
             raise
         except Exception as exc:  # the env's own bug: fail this item, keep serving
-            raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{self.spec.env_id}' reset raised {exc!r}") from exc
+            raise ProtocolError(grpc.StatusCode.INTERNAL, _env_fault(self.spec.env_id, "reset", exc)) from exc
         self.episode_id = result.episode_id = _new_id("ep")
         self.last_reset = (req.request_id, result)
         return result
@@ -176,17 +182,20 @@ class Session:
             if not math.isfinite(reward):
                 raise ValueError(f"non-finite reward {reward}")
             info = info or {}
+            text, images = _observation(obs)
             result = pb.StepResult(
                 session_id=self.session_id,
                 episode_id=self.episode_id,
                 step_index=req.step_index,
-                observation=_check_obs(obs),
+                observation=text,
                 reward=reward,
                 terminated=bool(terminated),
                 truncated=bool(truncated),
                 action_valid=bool(info.get("action_valid", True)),
                 env_seconds=time.perf_counter() - start,
             )
+            if images:
+                result.images.extend(images)
             metrics = info.get("metrics")
             if metrics:
                 target = result.metrics  # item by item: the map's update() is a slow generic Python loop
@@ -198,7 +207,7 @@ class Session:
         except Exception as exc:
             self.done = "aborted"
             raise ProtocolError(
-                grpc.StatusCode.INTERNAL, f"env '{self.spec.env_id}' step {req.step_index} raised {exc!r}"
+                grpc.StatusCode.INTERNAL, _env_fault(self.spec.env_id, f"step {req.step_index}", exc)
             ) from exc
         self.steps_taken += 1
         self.done = "terminated" if result.terminated else "truncated" if result.truncated else ""
@@ -209,10 +218,33 @@ class Session:
 _LIFTED = frozenset(("metrics", "action_valid"))  # info keys that travel as StepResult fields, not in `info`
 
 
-def _check_obs(obs: Any) -> str:
-    if not isinstance(obs, str):
-        raise TypeError(f"observation must be str, got {type(obs).__name__}")
-    return obs
+class ImageRuleBroken(ValueError):
+    """An env observation that breaks an image rule of env.proto's header; the message names the rule."""
+
+
+def _observation(obs: Any) -> tuple[str, list[pb.Image] | None]:
+    """The text and the images (None for none) of what an env returned; raises if it breaks a rule."""
+    if obs.__class__ is str and IMAGE_MARKER not in obs:  # the hot path: text alone, nothing more to check
+        return obs, None
+    if isinstance(obs, str):
+        text, images = obs, ()
+    elif isinstance(obs, Observation):
+        text, images = obs.text, obs.images
+        if not isinstance(text, str):
+            raise TypeError(f"Observation.text must be str, got {type(text).__name__}")
+    else:
+        raise TypeError(f"observation must be str or Observation, got {type(obs).__name__}")
+    broken = image_rule_broken(text, images)
+    if broken:
+        raise ImageRuleBroken(broken)
+    return text, [pb.Image(data=image.data, media_type=image.media_type) for image in images] or None
+
+
+def _env_fault(env_id: str, call: str, exc: Exception) -> str:
+    """The INTERNAL message for an env's failure: the image rule it broke, or what it raised."""
+    if isinstance(exc, ImageRuleBroken):
+        return f"env '{env_id}' {call}: its observation breaks an image rule (never sent): {exc}"
+    return f"env '{env_id}' {call} raised {exc!r}"
 
 
 class SessionTable:

@@ -10,9 +10,10 @@ from roll_lightning.env_client.errors import (
     EpisodeFailed,
     EpisodesKeepFailing,
     NoEndpointAvailable,
+    ProtocolViolation,
 )
 from roll_lightning.env_client.pool import EnvPool
-from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
+from roll_lightning.env_client.session import EnvSession, ObservationImage, ResetOutcome, StepOutcome
 
 __all__ = [
     "EchoMismatch",
@@ -23,6 +24,8 @@ __all__ = [
     "EnvSession",
     "EpisodeFailed",
     "NoEndpointAvailable",
+    "ObservationImage",
+    "ProtocolViolation",
     "ResetOutcome",
     "StepOutcome",
 ]

@@ -48,7 +48,15 @@ class EpisodeFailed(Exception):
         }
 
 
-class EchoMismatch(EpisodeFailed):
+class ProtocolViolation(EpisodeFailed):
+    """A server's answer breaks a rule of env.proto (its ids, its images): the episode is abandoned (and replayed
+    elsewhere), since training on it would corrupt the batch. Code INTERNAL; the message names the rule."""
+
+    def __init__(self, detail: str, *, endpoint: str, session_id: str) -> None:
+        super().__init__(grpc.StatusCode.INTERNAL, detail, endpoint=endpoint, session_id=session_id)
+
+
+class EchoMismatch(ProtocolViolation):
     """A server answered with ids that are not the ones asked for (env.proto, "Echoes"): another session's
     episode, the wrong step or seed. Typically a replay cache keyed by request_id server-wide instead of per
     session. The episode is abandoned (and replayed elsewhere): training on it would corrupt the batch.
@@ -59,7 +67,6 @@ class EchoMismatch(EpisodeFailed):
     def __init__(self, field: str, expected: object, got: object, *, endpoint: str, session_id: str) -> None:
         self.field, self.expected, self.got = field, expected, got
         super().__init__(
-            grpc.StatusCode.INTERNAL,
             f"the server's answer names {field}={got!r}, but the request was for {field}={expected!r} "
             "(a protocol violation: its replay cache may not be per session)",
             endpoint=endpoint,

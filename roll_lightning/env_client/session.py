@@ -2,6 +2,8 @@
 
 It keeps the protocol bookkeeping out of the caller's way: the current episode id, the next step index, and a
 fresh request id per call (reused for retries inside the client, so a retried Step is replayed, not repeated).
+An observation may carry images (env.proto, "Images"): each stands where the text holds an "<image>" marker, and
+an answer whose marker count is not its image count is refused (`ProtocolViolation`).
 """
 
 from __future__ import annotations
@@ -15,15 +17,26 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import json_format
 
-from roll_lightning.env_client.errors import EchoMismatch, EpisodeFailed
+from roll_lightning.env_client.errors import EchoMismatch, EpisodeFailed, ProtocolViolation
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 if TYPE_CHECKING:
     from roll_lightning.env_client.pool import Endpoint, EnvPool
 
 
+IMAGE_MARKER = "<image>"  # where an image stands in an observation's text (env.proto)
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ObservationImage:
+    """One picture of an observation: encoded bytes and their media type ("image/png" or "image/jpeg")."""
+
+    data: bytes
+    media_type: str
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,7 @@ class ResetOutcome:
     seed: int
     observation: str
     info: dict[str, Any] = field(default_factory=dict)
+    images: tuple[ObservationImage, ...] = ()  # one per IMAGE_MARKER in `observation`, in order
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,7 @@ class StepOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
     env_seconds: float = 0.0
     raw_info: Any = field(default=None, repr=False)  # the protobuf Struct; `info` converts it on first use
+    images: tuple[ObservationImage, ...] = ()  # one per IMAGE_MARKER in `observation`, in order
 
     @functools.cached_property
     def info(self) -> dict[str, Any]:
@@ -90,8 +105,9 @@ class EnvSession:
             raise EchoMismatch(
                 "episode_id", "a new episode id", result.episode_id, endpoint=self.address, session_id=self.session_id
             )
+        images = self._images(result)
         self.episode_id, self.step_index = result.episode_id, 0
-        return ResetOutcome(result.episode_id, result.seed, result.observation, _to_dict(result, "info"))
+        return ResetOutcome(result.episode_id, result.seed, result.observation, _to_dict(result, "info"), images)
 
     async def step(self, action: str) -> StepOutcome:
         """Send the agent's reply as the next action of the current episode."""
@@ -114,6 +130,7 @@ class EnvSession:
         self._check_echo("session_id", self.session_id, result.session_id)
         self._check_echo("episode_id", self.episode_id, result.episode_id)
         self._check_echo("step_index", self.step_index, result.step_index)
+        images = self._images(result)
         self.step_index += 1
         return StepOutcome(
             observation=result.observation,
@@ -124,6 +141,7 @@ class EnvSession:
             metrics=dict(result.metrics),
             env_seconds=result.env_seconds,
             raw_info=result.info if result.HasField("info") else None,
+            images=images,
         )
 
     async def close(self) -> None:
@@ -143,6 +161,22 @@ class EnvSession:
         """Trust nothing: an answer must be about the session, episode, step and seed that were asked for."""
         if got != expected:
             raise EchoMismatch(field, expected, got, endpoint=self.address, session_id=self.session_id)
+
+    def _images(self, result: pb.ResetResult | pb.StepResult) -> tuple[ObservationImage, ...]:
+        """The answer's images, after checking one "<image>" marker per image (a text-only answer costs one
+        substring search)."""
+        images = result.images
+        if not images and IMAGE_MARKER not in result.observation:
+            return ()
+        markers = result.observation.count(IMAGE_MARKER)
+        if markers != len(images):
+            raise ProtocolViolation(
+                f"the observation holds {markers} {IMAGE_MARKER} markers but the answer carries {len(images)} "
+                "images (env.proto: one marker per image, in order)",
+                endpoint=self.address,
+                session_id=self.session_id,
+            )
+        return tuple(ObservationImage(image.data, image.media_type) for image in images)
 
     def _check_open(self) -> None:
         if self.closed:

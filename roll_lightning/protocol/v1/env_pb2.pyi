@@ -120,6 +120,14 @@ class CloseSessionResponse(_message.Message):
     existed: bool
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
+class Image(_message.Message):
+    __slots__ = ("data", "media_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    media_type: str
+    def __init__(self, data: _Optional[bytes] = ..., media_type: _Optional[str] = ...) -> None: ...
+
 class ResetRequest(_message.Message):
     __slots__ = ("session_id", "seed", "options", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -133,20 +141,22 @@ class ResetRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seed: _Optional[int] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ResetResult(_message.Message):
-    __slots__ = ("status", "session_id", "episode_id", "seed", "observation", "info")
+    __slots__ = ("status", "session_id", "episode_id", "seed", "observation", "info", "images")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     status: Status
     session_id: str
     episode_id: str
     seed: int
     observation: str
     info: _struct_pb2.Struct
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., observation: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., observation: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("text",)
@@ -169,7 +179,7 @@ class StepRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("status", "session_id", "episode_id", "step_index", "observation", "reward", "terminated", "truncated", "action_valid", "info", "metrics", "env_seconds")
+    __slots__ = ("status", "session_id", "episode_id", "step_index", "observation", "reward", "terminated", "truncated", "action_valid", "info", "metrics", "env_seconds", "images")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +199,7 @@ class StepResult(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     status: Status
     session_id: str
     episode_id: str
@@ -201,7 +212,8 @@ class StepResult(_message.Message):
     info: _struct_pb2.Struct
     metrics: _containers.ScalarMap[str, float]
     env_seconds: float
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., action_valid: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., env_seconds: _Optional[float] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., action_valid: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., env_seconds: _Optional[float] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
 
 class BatchResetRequest(_message.Message):
     __slots__ = ("items",)

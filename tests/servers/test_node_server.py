@@ -20,10 +20,12 @@ import queue
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,6 +189,51 @@ def test_node_server_started_by_the_suite_passes_every_rule_it_can(node_modules)
     assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
     skipped = {name for name, outcome in results.items() if outcome.status == "SKIP"}
     assert skipped == {"batch-mixed", "garbage-reply"}, lines  # crashy takes any text as a valid action
+
+
+def test_node_grid_picture_conforms_images_included(node_server, second_node_server):
+    """grid_picture sends a PNG with every observation: the images rule passes, across two processes too."""
+    from env_servers.conformance import run_conformance
+
+    lines: list[str] = []
+    results = run_conformance(node_server.address, "grid_picture", second=second_node_server.address,
+                              report=lines.append)  # fmt: skip
+    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
+    assert results["images"].status == "PASS", "\n".join(lines)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height of a PNG, after checking its chunks' CRCs and that its pixels inflate to the right size."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, chunks = 8, {}
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        assert struct.unpack(">I", data[at + 8 + length : at + 12 + length])[0] == zlib.crc32(kind + body)
+        chunks[kind], at = body, at + 12 + length
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    assert len(zlib.decompress(chunks[b"IDAT"])) == (3 * width + 1) * height
+    return width, height
+
+
+@pytest.mark.parametrize("transport", ["batch", "stream", "unary"])
+async def test_pool_receives_node_pictures(node_server, transport):
+    async with EnvPool([node_server.address], transport=transport) as pool:
+        session = await pool.open("grid_picture", {"size": 5, "cell": 4})
+        first = await session.reset(seed=11)
+        assert first.observation.endswith("<image>") and len(first.images) == 1
+        assert first.images[0].media_type == "image/png" and png_size(first.images[0].data) == (20, 20)
+        out = await session.step("<answer>up</answer>")
+        assert out.action_valid and len(out.images) == 1 and png_size(out.images[0].data) == (20, 20)
+        assert (await session.reset(seed=11)).images == first.images, "same seed, same picture bytes"
+
+
+def test_node_never_sends_an_observation_breaking_an_image_rule(stub):
+    sid = create(stub, "crashy")
+    ep = reset(stub, sid).episode_id
+    code, message = code_of(step, stub, sid, ep, 0, "bad-image")
+    assert code == grpc.StatusCode.INTERNAL and "breaks an image rule" in message and "magic bytes" in message
+    assert code_of(step, stub, sid, ep, 1)[0] == grpc.StatusCode.FAILED_PRECONDITION, "the episode was aborted"
 
 
 # -- the Python client, unchanged, over all three transports ---------------------------------------------
@@ -473,7 +520,7 @@ def test_oversize_actions_are_refused_cleanly(start):
 def test_server_info_describe_health_and_reflection(node_server, stub):
     info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
     assert info.protocol_version == "v1" and info.server_id == node_server.server_id
-    assert list(info.env_ids) == ["guess_number", "crashy", "slow"] and info.max_sessions == 4096
+    assert list(info.env_ids) == ["guess_number", "grid_picture", "crashy", "slow"] and info.max_sessions == 4096
     assert info.implementation.startswith("env_servers-node/") and {"batch", "stream"} <= set(info.capabilities)
     assert create(stub).startswith(f"s{info.server_id}-"), "session ids start with the server id"
     request = pb.DescribeEnvRequest(env_id="guess_number")
@@ -499,9 +546,10 @@ def test_server_info_describe_health_and_reflection(node_server, stub):
 
 
 def test_capabilities_are_exactly_what_is_served(stub):
-    """The header defines "batch", "batch-mixed" and "stream"; BatchStep here ignores `resets`: no "batch-mixed"."""
+    """The header defines "batch", "batch-mixed", "stream" and "images"; BatchStep here ignores `resets`: no
+    "batch-mixed"."""
     info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
-    assert list(info.capabilities) == ["batch", "stream"]
+    assert list(info.capabilities) == ["batch", "stream", "images"]
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha"])

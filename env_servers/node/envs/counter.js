@@ -1,6 +1,7 @@
 'use strict';
 // Envs that exist to misbehave, for fault tests; the same behaviour as tests/support/plugin_envs.py:
-// - crashy: a step whose action contains "crash" throws inside the env (the item fails with INTERNAL);
+// - crashy: a step whose action contains "crash" throws inside the env (the item fails with INTERNAL), and one
+//           containing "bad-image" returns an image that breaks the image rules (INTERNAL naming the rule);
 // - slow:   each step waits delay_s seconds (asynchronously: other sessions keep being served).
 // Observation = "seed=<seed> t=<steps>"; reward 1 per step; truncated after max_steps steps.
 
@@ -34,6 +35,11 @@ function counterEnv(envId, { crashOn = null } = {}) {
 
     step(action) {
       if (crashOn !== null && action.includes(crashOn)) throw new Error('boom: the env itself failed');
+      if (crashOn !== null && action.includes('bad-image')) {
+        // An observation breaking the image rules (a GIF labelled PNG): the server must never send it.
+        const gif = { data: Buffer.from('GIF89a'), media_type: 'image/png' };
+        return [{ text: `seed=${this.seed} <image>`, images: [gif] }, 0.0, false, false, {}];
+      }
       const finish = () => {
         this.t += 1;
         const truncated = this.t >= this.config.max_steps;

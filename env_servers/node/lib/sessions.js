@@ -5,12 +5,14 @@
 //   replays the cached answer instead of running the env again.
 // - Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
 // - An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
+// - An observation that breaks an image rule (lib/images.js) is never sent: INTERNAL naming the rule.
 // Calls to one session are serialised by a per-session promise chain (envs may be async), so two retries
 // racing each other still see a consistent state; a busy session is never reaped.
 
 const crypto = require('crypto');
 const { status } = require('@grpc/grpc-js');
 const { ConfigError, parseConfig, configSchema } = require('./config');
+const { ImageRuleBroken, observationParts } = require('./images');
 const { SplitMix64 } = require('./prng');
 const { fromStruct, toStruct, stableStringify } = require('./values');
 
@@ -36,9 +38,12 @@ function describeError(err) {
   return String(err);
 }
 
-function checkObservation(obs) {
-  if (typeof obs !== 'string') throw new TypeError(`observation must be a string, got ${typeof obs}`);
-  return obs;
+/** The INTERNAL message for an env's failure in `call` ("reset", "step 3"): the image rule broken, or the error. */
+function envFault(envId, call, err) {
+  if (err instanceof ImageRuleBroken) {
+    return `env '${envId}' ${call}: its observation breaks an image rule (never sent): ${err.message}`;
+  }
+  return `env '${envId}' ${call} raised ${describeError(err)}`;
 }
 
 /** A uint64 from the wire (String with longs: String; Number or Long otherwise) -> BigInt. */
@@ -106,10 +111,12 @@ class Session {
       let out = this.env.reset(seed, options);
       if (isThenable(out)) out = await out;
       const [obs, info] = out;
-      result = { session_id: this.sessionId, seed: seed.toString(), observation: checkObservation(obs) };
+      const [text, images] = observationParts(obs);
+      result = { session_id: this.sessionId, seed: seed.toString(), observation: text };
+      if (images) result.images = images;
       if (info && Object.keys(info).length) result.info = toStruct(info);
     } catch (err) {
-      throw new ProtocolError(status.INTERNAL, `env '${this.spec.env_id}' reset raised ${describeError(err)}`);
+      throw new ProtocolError(status.INTERNAL, envFault(this.spec.env_id, 'reset', err));
     }
     this.episodeId = result.episode_id = newId('ep');
     this.lastReset = [req.request_id, result];
@@ -167,26 +174,25 @@ class Session {
       delete info.metrics;
       const actionValid = 'action_valid' in info ? Boolean(info.action_valid) : true;
       delete info.action_valid;
+      const [observation, images] = observationParts(obs);
       result = {
         session_id: this.sessionId,
         episode_id: this.episodeId,
         step_index: stepIndex,
-        observation: checkObservation(obs),
+        observation,
         reward,
         terminated: Boolean(terminated),
         truncated: Boolean(truncated),
         action_valid: actionValid,
         env_seconds: (performance.now() - start) / 1000,
       };
+      if (images) result.images = images;
       const metricEntries = Object.entries(metrics);
       if (metricEntries.length) result.metrics = Object.fromEntries(metricEntries.map(([k, v]) => [k, Number(v)]));
       if (Object.keys(info).length) result.info = toStruct(info);
     } catch (err) {
       this.done = 'aborted';
-      throw new ProtocolError(
-        status.INTERNAL,
-        `env '${this.spec.env_id}' step ${stepIndex} raised ${describeError(err)}`,
-      );
+      throw new ProtocolError(status.INTERNAL, envFault(this.spec.env_id, `step ${stepIndex}`, err));
     }
     this.stepsTaken += 1;
     this.done = result.terminated ? 'terminated' : result.truncated ? 'truncated' : '';

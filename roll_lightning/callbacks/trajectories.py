@@ -16,6 +16,7 @@ episodes, and one sample is what a person looks at.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ import lightning as L
 
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.vision import PromptImage
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,22 @@ def turn_advantages(batch: RolloutBatch, row_values: Sequence[float]) -> dict[tu
     return out
 
 
+def _pictures(images: Sequence[PromptImage]) -> list[dict[str, str]]:
+    """The env's encoded bytes as base64, with their media type: all the viewer needs. The model's pixel values
+    are left out (a dump stays the size of the PNGs, and they can be recomputed from these bytes)."""
+    return [{"media_type": i.media_type, "data": base64.b64encode(i.data).decode("ascii")} for i in images]
+
+
 def episode_record(
     episode: Episode, step: int, tokenizer: Any = None, advantages: dict[tuple[str, int], float] | None = None
 ) -> dict[str, Any]:
     """One JSONL line. ``prompt``: the first prompt as the model saw it (special tokens kept, so the chat
     template shows), or None without a tokenizer. ``turn`` counts from 0, like the batch's ``step`` tensor.
     ``final_observation``: the board after the last move. ``advantage``: what the update gave the turn (from
-    `turn_advantages`; None when unknown)."""
+    `turn_advantages`; None when unknown). ``images`` (per turn) and ``final_images``: the pictures of
+    ``observation`` and ``final_observation``, in ``<image>`` marker order, as ``{"media_type", "data"}`` with
+    ``data`` the env's PNG/JPEG bytes in base64 (empty lists for text envs). A turn's ``images`` are what that
+    observation showed, not the earlier turns' pictures its prompt may repeat."""
     prompt = None
     if tokenizer is not None and episode.turns:
         prompt = tokenizer.decode(episode.turns[0].prompt_ids, skip_special_tokens=False)
@@ -109,10 +120,12 @@ def episode_record(
         "policy_version": episode.policy_version,
         "prompt": prompt,
         "final_observation": episode.final_observation,
+        "final_images": _pictures(episode.final_images),
         "turns": [
             {
                 "turn": k,
                 "observation": turn.observation,
+                "images": _pictures(turn.observation_images),
                 "reply": turn.reply,
                 "reply_prefix": turn.reply_prefix,
                 "reward": turn.reward,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,7 +11,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from support.episodes import SOKOBAN, XSS, make_episodes, prompt_text
+from PIL import Image
+from support.episodes import SOKOBAN, XSS, make_episodes, make_pictured_episodes, prompt_text
 from support.trainers import quiet_trainer
 from torch.utils.data import DataLoader
 
@@ -104,10 +107,12 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
         "policy_version": 4,
         "prompt": prompt_text(tokenizer, SOKOBAN),
         "final_observation": SOKOBAN + "\nsolved",  # the board after the last move
+        "final_images": [],  # a text env: no pictures
         "turns": [
             {
                 "turn": 0,
                 "observation": SOKOBAN,
+                "images": [],
                 "reply": XSS,
                 "reply_prefix": "",
                 "reward": 0.5,
@@ -121,6 +126,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
             {
                 "turn": 1,
                 "observation": SOKOBAN + "\nmoved",
+                "images": [],
                 "reply": "<answer>Right</answer>",
                 "reply_prefix": "<answer>",
                 "reward": 1.0,
@@ -190,3 +196,28 @@ def test_sample_episodes_round_robin_over_groups(tokenizer: Any) -> None:
     assert names == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
     assert sample_episodes(episodes, 100) == episodes
     assert episode_record(Episode(0, 0, 1, "x"), 1, tokenizer)["prompt"] is None  # no turns: no prompt
+
+
+def test_pictures_dumped_as_base64_bytes_only(tmp_path: Path, tokenizer: Any) -> None:
+    """An image env's turns: each carries its observation's PNG (base64, with its media type) and the episode its
+    final board's; the pixel values are not written (the line is the PNGs' size, not the tensors')."""
+    episodes = make_pictured_episodes(tokenizer, 1)
+    path = TrajectoryDump(every_n_steps=1, max_episodes=1, dirpath=str(tmp_path)).dump(episodes, 1)
+    (record,) = read_jsonl(path)
+    source = episodes[0]
+    assert [t["observation"] for t in record["turns"]] == [SOKOBAN + "\n<image>", SOKOBAN + "\nmoved\n<image>"]
+    for turn, dumped in zip(source.turns, record["turns"], strict=True):
+        assert dumped["images"] == [
+            {"media_type": "image/png", "data": base64.b64encode(turn.observation_images[0].data).decode()}
+        ]
+    assert record["final_images"] == [
+        {"media_type": "image/png", "data": base64.b64encode(source.final_images[0].data).decode()}
+    ]
+    # the bytes decode back to the pictures: turn 1's red is 10, the final board's 250
+    pixels = [
+        Image.open(io.BytesIO(base64.b64decode(i["data"]))).getpixel((0, 0))
+        for i in [*record["turns"][1]["images"], *record["final_images"]]
+    ]
+    assert pixels == [(10, 0, 0), (250, 0, 0)]
+    assert "pixel_values" not in path.read_text() and "grid_thw" not in path.read_text()
+    assert set(record["final_images"][0]) == {"media_type", "data"}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.episodes import make_episodes
+from support.episodes import make_episodes, make_pictured_episodes
 
 from roll_lightning.callbacks.trajectories import TrajectoryDump, viewer_html
 
@@ -25,9 +25,17 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 def test_viewer_is_self_contained() -> None:
     html = viewer_html()
-    assert not re.search(r"https?://|//cdn|\bsrc\s*=|<link\b|@import", html, re.IGNORECASE)
     script = re.search(r"<script>(.*?)</script>", html, re.DOTALL)
     assert script is not None
+    # The page's one src: renderPictures' <img>, whose url is pictureUrl's checked data: URL (the node test
+    # below checks what it refuses); nothing else may load anything.
+    pictures = re.search(r"function renderPictures\(images\) \{(.*?)\n\}", script.group(1), re.DOTALL)
+    picture_url = re.search(r"function pictureUrl\(image\) \{(.*?)\n\}", script.group(1), re.DOTALL)
+    assert pictures and "const url = pictureUrl(image);" in pictures.group(1) and 'src="${url}"' in pictures.group(1)
+    assert picture_url and "return `data:${type};base64,${data}`;" in picture_url.group(1)
+    assert len(re.findall(r"\bsrc\s*=", html, re.IGNORECASE)) == 1
+    rest = html.replace('src="${url}"', "")
+    assert not re.search(r"https?://|//cdn|\bsrc\s*=|<link\b|@import", rest, re.IGNORECASE)
     # Every untrusted field goes through esc() (the node test below checks the output where node exists).
     for field in ("t.observation", "ep.prompt", "ep.traj", "ep.env_id"):
         assert re.search(rf"esc\({re.escape(field)}\)|renderBoard\({re.escape(field)}", script.group(1)), field
@@ -79,6 +87,54 @@ def test_viewer_renders_a_dump_escaped(tmp_path: Path, tokenizer: Any) -> None:
     assert (
         out["group"].count('class="member') == 2 and "&lt;script&gt;" in out["group"] and "<script>" not in out["group"]
     )
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_viewer_renders_pictures(tmp_path: Path, tokenizer: Any) -> None:
+    """A pictured dump in node: each turn shows its own picture beside its text (markers become labels), the
+    board after the move shows the next turn's or the final picture, and pictures that are not plain PNG/JPEG
+    base64 never become a URL."""
+    path = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path)).dump(make_pictured_episodes(tokenizer, 1), 1)
+    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
+    bad = [
+        {"media_type": "image/svg+xml", "data": "PHN2Zz4="},
+        {"media_type": "text/html", "data": "PHNjcmlwdD4="},
+        {"media_type": "image/png;charset=x", "data": "AAAA"},
+        {"media_type": "image/png", "data": 'AAAA" onerror="alert(1)'},
+        {"media_type": "image/png", "data": ""},
+        {"media_type": "image/png", "data": ["AAAA"]},
+        {"data": "AAAA"},
+        None,
+    ]
+    harness = tmp_path / "harness.js"
+    harness.write_text(
+        script
+        + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
+        + f"const bad = {json.dumps(bad)};\n"
+        + "console.log(JSON.stringify({turns: eps[0].turns.map((_, k) => renderTurn(eps[0], k)),"
+        + " group: renderGroup(eps, 0, 0), urls: bad.map(pictureUrl), bad: renderPictures(bad),"
+        + " jpeg: pictureUrl({media_type: 'image/jpeg', data: 'AAAA'})}));\n"
+    )
+    result = subprocess.run(["node", str(harness), str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    ep = json.loads(path.read_text().splitlines()[0])
+    url = [f"data:image/png;base64,{t['images'][0]['data']}" for t in ep["turns"]]
+    final = f"data:image/png;base64,{ep['final_images'][0]['data']}"
+    first, second = out["turns"]
+    saw, after = first.split("after the move")
+    # what the agent saw at turn 1: its own picture, beside the board; after the move: turn 2's
+    assert f'src="{url[0]}"' in saw and url[1] not in saw and f'src="{url[1]}"' in after
+    assert re.search(r'<div class="seen"><div class="board">.*?</div><div class="pics"><img [^>]*>', saw)
+    # the marker is a label, not text (and never markup)
+    assert '<span class="picmark">picture 1</span>' in saw and "&lt;image&gt;" not in first + second
+    saw, end = second.split("the end")
+    assert f'src="{url[1]}"' in saw and f'src="{final}"' in end and '<div class="note">moved</div>' in saw
+    assert out["group"].count("<img ") == 2  # both members' turn-1 pictures
+    # bad pictures: no URL, a note instead (the media type escaped)
+    assert out["urls"] == [None] * len(bad) and "<img" not in out["bad"]
+    assert out["bad"].count("not shown") == len(bad) and "image/svg+xml" in out["bad"]
+    assert out["jpeg"] == "data:image/jpeg;base64,AAAA"
 
 
 @pytest.fixture
@@ -138,3 +194,46 @@ def test_the_viewer_in_a_real_browser(served: tuple[str, Path], tokenizer: Any) 
     assert replay.count('class="board"') == 2 and "what the agent saw" in replay and "after the move" in replay
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in replay and "advantage" in replay
     assert "<script>alert(1)</script>" not in dom  # never markup: the only script is the viewer's own
+
+
+# A page beside the viewer that opens it in a frame (same origin) and reports what its pictures decoded to:
+# --dump-dom shows attributes, not whether an image loaded.
+PICTURE_PROBE = """<!doctype html><html><body><iframe id="f" src="index.html" width="1024" height="800"></iframe>
+<pre id="out">waiting</pre><script>
+function check() {
+  const doc = document.getElementById("f").contentDocument;
+  if (!doc || !doc.body || doc.body.dataset.ready !== "1") return setTimeout(check, 50);
+  const imgs = Array.from(doc.querySelectorAll("#replay img"));
+  if (imgs.some((i) => !i.complete)) return setTimeout(check, 50);
+  document.getElementById("out").textContent = JSON.stringify({
+    imgs: imgs.map((i) => ({ alt: i.alt, width: i.naturalWidth, src: i.getAttribute("src").slice(0, 22) })),
+    labels: Array.from(doc.querySelectorAll("#replay .picmark")).map((m) => m.textContent),
+    titles: Array.from(doc.querySelectorAll("#replay .boards > div > .muted")).map((m) => m.textContent),
+  });
+}
+check();
+</script></body></html>
+"""
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("CI"),
+    reason="needs a headless browser: apt-get install chromium (.ci/run installs it; under CI it must be there)",
+)
+def test_pictures_in_a_real_browser(served: tuple[str, Path], tokenizer: Any) -> None:
+    """A pictured dump in a real browser: the open turn's picture and the one after the move load (decoded
+    PNGs have a width), each beside its board, and the markers show as labels."""
+    url, folder = served
+    TrajectoryDump(every_n_steps=1, dirpath=str(folder)).dump(make_pictured_episodes(tokenizer, 1), 1)
+    (folder / "probe.html").write_text(PICTURE_PROBE)
+    dom, log = browse(f"{url}/probe.html")
+    assert "Uncaught" not in log, log[-3000:]
+    probe = re.search(r'<pre id="out">(.*?)</pre>', dom, re.DOTALL)
+    assert probe is not None and probe.group(1) != "waiting", dom[-3000:]
+    report = json.loads(probe.group(1).replace("&quot;", '"'))
+    assert report["imgs"] == [
+        {"alt": "picture 1", "width": 2, "src": "data:image/png;base64,"},  # what the agent saw
+        {"alt": "picture 1", "width": 2, "src": "data:image/png;base64,"},  # after the move
+    ]
+    assert report["labels"] == ["picture 1", "picture 1"]
+    assert report["titles"] == ["what the agent saw", "after the move"]

@@ -1,11 +1,16 @@
 """Hand-made episodes for the trajectory dump and viewer tests: three groups of two (sokoban, frozenlake,
-sokoban) with markup in every reply, so escaping shows."""
+sokoban) with markup in every reply, so escaping shows; `make_pictured_episodes`: the same with a PNG per
+observation."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+import torch
+
 from roll_lightning.rollout.episode import Episode, Turn
+from roll_lightning.rollout.vision import IMAGE_MARKER, PromptImage
 
 SOKOBAN = "#####\n#P_O#\n#_X_#\n#####"
 FROZEN = "P_O\n___\n__G"
@@ -48,4 +53,32 @@ def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
                     final_observation=final,
                 )
             )
+    return episodes
+
+
+def png(rgb: tuple[int, int, int], size: int = 2) -> bytes:
+    """A real ``size`` x ``size`` PNG of one colour (a browser decodes it: the viewer test checks its width)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), rgb).save(out, format="PNG")
+    return out.getvalue()
+
+
+def picture(rgb: tuple[int, int, int]) -> PromptImage:
+    """A `PromptImage` as an image env's turn carries it: the PNG bytes, and pixel values the dump must drop."""
+    return PromptImage(png(rgb), "image/png", torch.zeros(1, 1), (1, 2, 2), 1, 0)
+
+
+def make_pictured_episodes(tokenizer: Any, step: int) -> list[Episode]:
+    """`make_episodes` as an image env (``render: both``) plays them: every observation is the board, a newline
+    and ``<image>``, with one PNG whose red channel is ``10 * turn`` (the final board's: 250), so a test can tell
+    which picture shows where."""
+    episodes = make_episodes(tokenizer, step)
+    for ep in episodes:
+        for k, turn in enumerate(ep.turns):
+            turn.observation = f"{turn.observation}\n{IMAGE_MARKER}"
+            turn.observation_images = (picture((10 * k, 0, 0)),)
+        ep.final_observation = f"{ep.final_observation}\n{IMAGE_MARKER}"
+        ep.final_images = (picture((250, 0, 0)),)
     return episodes

@@ -182,7 +182,10 @@ class Session:
             if not math.isfinite(reward):
                 raise ValueError(f"non-finite reward {reward}")
             info = info or {}
-            text, images = _observation(obs)
+            if obs.__class__ is str and IMAGE_MARKER not in obs:  # text alone (the hot path): no call, no tuple
+                text, images = obs, None
+            else:
+                text, images = _observation(obs)
             result = pb.StepResult(
                 session_id=self.session_id,
                 episode_id=self.episode_id,

@@ -54,9 +54,9 @@ def _token_batch(shape: tuple[int, int], seed: int) -> dict[str, torch.Tensor]:
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=4), seeds, st.floats(-100, 100), st.booleans())
 def test_grpo_shift_invariance(sizes: list[int], seed: int, shift: float, norm_by_std: bool) -> None:
     scores, groups = _group_batch(sizes, seed)
-    shifted = scores + torch.where(groups == 0, shift, 0.0)  # only group 0 moves
-    a = grpo_advantages(scores.double(), groups, norm_by_std=norm_by_std)
-    b = grpo_advantages(shifted.double(), groups, norm_by_std=norm_by_std)
+    shifted = scores.double() + torch.where(groups == 0, shift, 0.0)  # only group 0 moves (shifted in float64:
+    a = grpo_advantages(scores.double(), groups, norm_by_std=norm_by_std)  # a float32 shift rounds the scores)
+    b = grpo_advantages(shifted, groups, norm_by_std=norm_by_std)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 

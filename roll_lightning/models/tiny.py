@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,15 +244,19 @@ def tiny_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
     Each process builds into its own temp dir and renames it into place; rename of a directory is atomic, and the
     loser of a race just discards its copy (both copies are identical anyway).
     """
-    cache = Path(cache_dir)
     name = "-".join([f"tiny-v{RECIPE_VERSION}", f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
-    final = cache / name
+    return cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_model(tmp, seed=seed, **kwargs))
+
+
+def cached_build(final: Path, build: Callable[[Path], Any]) -> Path:
+    """``final``, built by ``build(tmp_dir)`` unless it exists; safe against concurrent callers (each builds into
+    its own temp dir and renames it into place: the loser of a race discards its identical copy)."""
     if final.is_dir():
         return final
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        build_tiny_model(tmp, seed=seed, **kwargs)
+        build(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         try:
             os.rename(tmp, final)

@@ -21,6 +21,7 @@ import torch
 
 from roll_lightning.rollout.episode import Episode
 from roll_lightning.rollout.layout import TRAJECTORY, Layout, Row, layout_named
+from roll_lightning.rollout.vision import PromptImage
 
 TENSOR_FIELDS = (
     "input_ids",
@@ -52,6 +53,7 @@ class RolloutBatch:
     ``episode_metrics``: one dict per *episode* (not row): success, return, turns, invalid_action_rate, ...
     ``metrics``: the batch's rollout metrics under ``rollout/``, ``env/`` and ``timing/`` (set by the scheduler).
     ``episodes``: the `Episode` records the rows came from (observations, reply texts, rewards per turn).
+    ``images``: per row, the pictures its vision tokens stand for, in order (empty rows for text; `vision`).
     """
 
     input_ids: torch.Tensor
@@ -73,6 +75,11 @@ class RolloutBatch:
     episode_metrics: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     episodes: list[Episode] = field(default_factory=list, repr=False)  # the source episodes (dumps, debugging)
+    images: list[tuple[PromptImage, ...]] = field(default_factory=list, repr=False)
+
+    @property
+    def has_images(self) -> bool:
+        return any(self.images)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -91,6 +98,8 @@ class RolloutBatch:
         values: dict[str, Any] = {name: getattr(self, name)[idx] for name in TENSOR_FIELDS}
         for name in ("traj_group_id", "traj_id", "env_ids", "anchor"):
             values[name] = [getattr(self, name)[i] for i in rows]
+        if self.images:
+            values["images"] = [self.images[i] for i in rows]
         return self._replace(values)
 
     def truncate(self, width: int) -> RolloutBatch:
@@ -147,4 +156,5 @@ def collate(episodes: Sequence[Episode], layout: Layout | str, pad_id: int) -> R
         layout=layout,
         episode_metrics=[ep.metrics() for ep in episodes],
         episodes=list(episodes),
+        images=[r.images for r in rows] if any(r.images for r in rows) else [],
     )

@@ -6,12 +6,17 @@ its own; the engine's reply ids are appended as sampled, never re-tokenised. So 
 exactly the ids the engine saw, and ``decode(ids) == render(conversation)`` holds character for character. A
 template that rewrites earlier turns (some reasoning templates drop old thoughts) breaks that prefix property;
 `TemplateDriftError` says so and points at the step layout, which re-renders the prompt every turn.
+Pictures ride along: each ``<image>`` marker of the text becomes its picture's vision-token run (`vision`), so
+there ``decode(ids)`` shows the run where the rendered text shows the marker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from roll_lightning.rollout.vision import ImageEncoder, Prompt, PromptImage, tokenize
 
 DEFAULT_SYSTEM_PROMPT = (
     "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game."
@@ -69,16 +74,18 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 @dataclass
 class TokenHistory:
-    """One conversation as token ids plus the exact text those ids stand for."""
+    """One conversation as token ids plus the exact text those ids stand for (and the pictures, in order)."""
 
     tokenizer: Any
     messages: list[dict[str, str]] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     text: str = ""
+    encoder: ImageEncoder | None = None
+    images: list[PromptImage] = field(default_factory=list)
 
-    def add_user(self, content: str, reply_prefix: str = "") -> list[int]:
-        """Append a user message, the assistant header and ``reply_prefix``; return the ids this added (the
-        prompt delta)."""
+    def add_user(self, content: str, reply_prefix: str = "", images: Sequence[PromptImage] = ()) -> Prompt:
+        """Append a user message (holding one ``<image>`` marker per picture of ``images``), the assistant header
+        and ``reply_prefix``; return the ids this added (the prompt delta) with those pictures."""
         self.messages.append({"role": "user", "content": content})
         full = render(self.tokenizer, self.messages, generation_prompt=True)
         if not full.startswith(self.text):
@@ -89,8 +96,9 @@ class TokenHistory:
                 "prefix-stable template: use layout 'step' with this model"
             )
         delta = full[len(self.text) :] + reply_prefix
-        ids = encode(self.tokenizer, delta)
+        ids = Prompt(tokenize(self.tokenizer, delta, images, self.encoder), images)
         self.ids.extend(ids)
+        self.images.extend(images)
         self.text = full + reply_prefix
         return ids
 
@@ -111,6 +119,14 @@ def reply_body(tokenizer: Any, token_ids: list[int], stop_ids: set[int]) -> str:
     return tokenizer.decode(body, skip_special_tokens=False)
 
 
-def fresh_prompt(tokenizer: Any, messages: list[dict[str, str]], reply_prefix: str = "") -> list[int]:
-    """The ids of a whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows)."""
-    return encode(tokenizer, render(tokenizer, messages, generation_prompt=True) + reply_prefix)
+def fresh_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    reply_prefix: str = "",
+    images: Sequence[PromptImage] = (),
+    encoder: ImageEncoder | None = None,
+) -> Prompt:
+    """The ids of a whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows), with the pictures
+    its markers stand for."""
+    text = render(tokenizer, messages, generation_prompt=True) + reply_prefix
+    return Prompt(tokenize(tokenizer, text, images, encoder), images)

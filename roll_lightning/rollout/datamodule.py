@@ -30,6 +30,7 @@ from roll_lightning.rollout.loop import RolloutLoop
 from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
 from roll_lightning.rollout.tags import Lane
+from roll_lightning.rollout.vision import ImageEncoder
 
 __all__ = ["EnvsConfig", "EvalConfig", "RolloutDataModule"]
 
@@ -75,6 +76,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine: GenerationEngine | None = None
         self.scheduler: RolloutScheduler | None = None
         self.tokenizer: Any = None
+        self.vision: ImageEncoder | None = None  # the model's image encoder; None for a text-only model
         self.servers: EnvServers | None = None
         self.loop: RolloutLoop | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -88,6 +90,7 @@ class RolloutDataModule(L.LightningDataModule):
 
         rank, world = self._rank_world()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.vision = ImageEncoder.load(self.model, self.tokenizer)
         self.loop = RolloutLoop(f"rollout-loop-rank{rank}")
         try:
             self.call(self._start(rank, world))
@@ -97,7 +100,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     async def _start(self, rank: int, world: int) -> None:
         self.servers = EnvServers(self.envs, [*self.rollout.lanes, *self.eval_lanes()])
-        await self.servers.start(self.tokenizer)  # env ids, configs, endpoints, budgets: all checked here
+        await self.servers.start(self.tokenizer, self.vision)  # env ids, configs, endpoints, budgets: all checked here
         # Engines load models: off the loop, so env health checks keep running meanwhile.
         placement: dict[str, Any] = {}  # where this rank's engines go (no trainer: one process, the default)
         if self._has_trainer():
@@ -109,7 +112,9 @@ class RolloutDataModule(L.LightningDataModule):
             }
         self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model, **placement)
         pools = self.servers.pools_for(self.rollout.lanes)
-        self.scheduler = RolloutScheduler(pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world)
+        self.scheduler = RolloutScheduler(
+            pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world, vision=self.vision
+        )
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
 
@@ -184,7 +189,14 @@ class RolloutDataModule(L.LightningDataModule):
 
         async def play() -> RolloutBatch:
             scheduler = RolloutScheduler(
-                pools, self.engine, self.tokenizer, config, rank=rank, world_size=world, split="eval"
+                pools,
+                self.engine,
+                self.tokenizer,
+                config,
+                rank=rank,
+                world_size=world,
+                split="eval",
+                vision=self.vision,
             )
             try:
                 return await scheduler.get_batch()

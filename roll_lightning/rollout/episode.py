@@ -16,6 +16,7 @@ from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutc
 from roll_lightning.rollout.chat import PromptConfig, TokenHistory
 from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.layout import Layout, layout_named
+from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, PromptImage, images_of
 
 LayoutName = Literal["trajectory", "step"]
 EndReason = Literal["terminated", "truncated", "max_turns", "context"]
@@ -36,6 +37,8 @@ class Turn:
     finish_reason: str
     policy_version: int
     observation: str  # what the agent saw when it replied (GiGPO's anchor state)
+    images: tuple[PromptImage, ...] = ()  # the pictures of ``prompt_ids``, in order
+    observation_images: tuple[PromptImage, ...] = ()  # the pictures of ``observation`` (what the agent saw)
     reply: str = ""  # the assistant message: the reply prefix (a prompt part, not sampled), then the reply
     reply_prefix: str = ""
     reward: float = 0.0
@@ -62,6 +65,8 @@ class Episode:
     final_observation: str = ""  # what the env showed after the last move (the hole, the goal, the solved board)
     reset_s: float = 0.0  # how long the env's reset took, as the trainer saw it
     tag: str = ""  # the env's tag in a multi-env run (rollout.envs); "" = the env id
+    image_encode_s: float = 0.0  # time the model's image processor took over this episode's pictures
+    final_images: tuple[PromptImage, ...] = ()  # the pictures of ``final_observation``
 
     @property
     def group_key(self) -> str:
@@ -95,6 +100,8 @@ class Episode:
             "generate_latency_s": sum(t.generate_s for t in self.turns) / n if n else 0.0,
             "context_ended": float(self.end_reason == "context"),
             "attempts": float(self.attempts),
+            "image_bytes": sum(len(i.data) for t in self.turns for i in t.observation_images) / n if n else 0.0,
+            "image_encode_s": self.image_encode_s,
         }
 
 
@@ -116,13 +123,22 @@ class EpisodeBuilder:
     """Pure bookkeeping for one episode (no awaits, no env or engine calls)."""
 
     def __init__(
-        self, tokenizer: Any, settings: EpisodeSettings, spec: Any, episode: Episode, stop_ids: set[int]
+        self,
+        tokenizer: Any,
+        settings: EpisodeSettings,
+        spec: Any,
+        episode: Episode,
+        stop_ids: set[int],
+        vision: ImageEncoder | None = None,
     ) -> None:
+        """``vision``: the policy's image encoder (None: a text-only policy, which refuses pictures)."""
         self.tokenizer, self.settings, self.spec, self.episode = tokenizer, settings, spec, episode
         self.layout = settings.row_layout
         self.stop_ids = stop_ids
-        self.history = TokenHistory(tokenizer)
+        self.vision = vision
+        self.history = TokenHistory(tokenizer, encoder=vision)
         self.observation = ""
+        self.observation_images: tuple[PromptImage, ...] = ()
         self.done = False
         self._pending_prompt: list[int] = []
         if settings.prompt.system_prompt:
@@ -152,6 +168,27 @@ class EpisodeBuilder:
     def start(self, reset: ResetOutcome, reset_s: float = 0.0) -> None:
         self.episode.episode_id, self.episode.reset_s = reset.episode_id, reset_s
         self.observation = reset.observation
+        self.observation_images = self._pictures(reset)
+
+    def _pictures(self, outcome: ResetOutcome | StepOutcome) -> tuple[PromptImage, ...]:
+        images = getattr(outcome, "images", ())
+        if not images:
+            return ()
+        if self.vision is None:
+            raise ImageInputError(
+                f"env '{self.episode.env_id}' sends images, but the model has no image processor "
+                "(preprocessor_config.json): use a vision-language model, or ask the env for text observations"
+            )
+        started = time.perf_counter()
+        pictures = tuple(self.vision.encode(image) for image in images)
+        self.episode.image_encode_s += time.perf_counter() - started
+        return pictures
+
+    def window_images(self, turn: int) -> tuple[PromptImage, ...]:
+        """The pictures of `window_messages`, in order: the past turns it shows, then the current one."""
+        first = max(0, turn - self.settings.prompt.history_turns)
+        past = [image for t in self.episode.turns[first:turn] for image in t.observation_images]
+        return (*past, *self.observation_images)
 
     def next_request(self) -> tuple[list[int], SamplingParams] | None:
         """The prompt ids and sampling params of the next reply, or None when the episode is over."""
@@ -198,6 +235,8 @@ class EpisodeBuilder:
                 finish_reason=generation.finish_reason,
                 policy_version=generation.policy_version,
                 observation=self.observation,
+                images=images_of(self._pending_prompt),
+                observation_images=self.observation_images,
                 reply=reply,
                 reply_prefix=self.settings.prompt.reply_prefix,
                 generate_s=generate_s,
@@ -211,6 +250,7 @@ class EpisodeBuilder:
         turn.reward, turn.action_valid, turn.env_s = outcome.reward, outcome.action_valid, env_s
         turn.metrics = dict(outcome.metrics)
         self.observation = self.episode.final_observation = outcome.observation
+        self.observation_images = self.episode.final_images = self._pictures(outcome)
         if outcome.terminated:
             self._end("terminated")
         elif outcome.truncated:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from roll_lightning.rollout.chat import fresh_prompt, reply_body
+from roll_lightning.rollout.vision import Prompt, PromptImage
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.episode import Episode, EpisodeBuilder
@@ -34,6 +35,7 @@ class Row:
     version: int
     anchor: str
     episode: Episode
+    images: tuple[PromptImage, ...] = ()  # the pictures of ``ids``, in order
 
 
 class Layout(ABC):
@@ -71,8 +73,9 @@ class Trajectory(Layout):
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
         prefix = builder.settings.prompt.reply_prefix
-        added = builder.history.add_user(builder.user_message(turn, builder.observation), prefix)
-        return added, list(builder.history.ids)
+        history = builder.history
+        added = history.add_user(builder.user_message(turn, builder.observation), prefix, builder.observation_images)
+        return added, Prompt(history.ids, history.images)
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
         return builder.history.add_reply(token_ids, builder.stop_ids, builder.settings.prompt.reply_prefix)
@@ -93,6 +96,7 @@ class Trajectory(Layout):
             Row(
                 ids, response, logprobs, rewards, step_score=episode.score, step=len(episode.turns),
                 version=episode.policy_version, anchor=episode.turns[0].observation, episode=episode,
+                images=tuple(image for turn in episode.turns for image in turn.images),
             )
         ]  # fmt: skip
 
@@ -105,8 +109,11 @@ class Step(Layout):
     one_row_per_turn: ClassVar[bool] = True
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
-        prompt = fresh_prompt(builder.tokenizer, builder.window_messages(turn), builder.settings.prompt.reply_prefix)
-        return prompt, list(prompt)
+        prompt = fresh_prompt(
+            builder.tokenizer, builder.window_messages(turn), builder.settings.prompt.reply_prefix,
+            builder.window_images(turn), builder.vision,
+        )  # fmt: skip
+        return prompt, prompt
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
         return builder.settings.prompt.reply_prefix + reply_body(builder.tokenizer, token_ids, builder.stop_ids)
@@ -120,7 +127,7 @@ class Step(Layout):
                     ids, [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
                     [0.0] * len(turn.prompt_ids) + turn.logprobs, [(len(ids) - 1, turn.reward)],
                     step_score=turn.reward, step=k, version=turn.policy_version, anchor=turn.observation,
-                    episode=episode,
+                    episode=episode, images=turn.images,
                 )
             )  # fmt: skip
         return rows

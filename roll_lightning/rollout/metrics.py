@@ -53,6 +53,8 @@ def batch_metrics(
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
         "env/reset_latency_s": mean("reset_latency_s"),
+        "env/image_bytes": mean("image_bytes"),  # encoded picture bytes per step (0 for text envs)
+        "timing/image_encode_s": sum(m["image_encode_s"] for m in per_episode),  # the image processor's time
         # faults, since the run started: episodes replayed (those during an outage use no retry), groups dropped
         "env/episode_retries_total": float(scheduler.counters["episode_retries"]),
         "env/outage_waits_total": float(scheduler.counters["outage_waits"]),

@@ -47,6 +47,7 @@ from roll_lightning.rollout.groups import Group, is_stale
 from roll_lightning.rollout.lanes import LaneState, lane_states
 from roll_lightning.rollout.ledger import GroupLedger, Split, group_seed
 from roll_lightning.rollout.metrics import batch_metrics
+from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,12 @@ class RolloutScheduler:
         world_size: int = 1,
         stop_token_ids: Sequence[int] = (),
         split: Split = "train",
+        vision: ImageEncoder | None = None,
     ) -> None:
         """Create on the asyncio loop that will run it. ``pool``: the env pool of every env, or one per tag.
         Rank ``r`` of ``world_size`` plays each env's groups r, r+W, ...; ``split`` picks the seed space
-        (``eval`` seeds are disjoint from ``train`` seeds)."""
-        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        (``eval`` seeds are disjoint from ``train`` seeds); ``vision``: the policy's image encoder (None: text only)."""
+        self.engine, self.tokenizer, self.config, self.vision = engine, tokenizer, config, vision
         self.rank, self.world_size, self.split = rank, world_size, split
         self.lanes = lane_states(config.lanes, pool if isinstance(pool, EnvPool) else dict(pool), config.max_staleness)
         self.stop_ids = {s for s in {tokenizer.eos_token_id, *stop_token_ids} if s is not None}
@@ -320,7 +322,7 @@ class RolloutScheduler:
                         self.counters["redundant_cancelled"] += 1
         except asyncio.CancelledError:
             pass
-        except (ContextBudgetError, EngineClosed, RolloutConfigError, EnvOutage) as err:
+        except (ContextBudgetError, ImageInputError, EngineClosed, RolloutConfigError, EnvOutage) as err:
             self.fail(err)
         except Exception as err:  # a bug must stop the run loudly, not leave get_batch waiting
             log.exception("episode task crashed")
@@ -384,7 +386,7 @@ class RolloutScheduler:
         """The episode's bookkeeping, with its env's settings (prompt, turns, budget, sampling)."""
         settings = lane.lane.episode
         stops = self.stop_ids | set(settings.sampling.stop_token_ids)
-        return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops)
+        return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops, self.vision)
 
     def _abandon(self, group: Group) -> None:
         self.settle(group)

@@ -18,6 +18,7 @@ from roll_lightning.env_client.errors import EndpointRefused
 from roll_lightning.rollout.config import EnvsConfig
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder
 from roll_lightning.rollout.tags import Lane, RolloutConfigError
+from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
 
 Endpoints = str | tuple[str, ...]
 
@@ -41,12 +42,12 @@ class EnvServers:
         """Each lane's pool, by tag (what `RolloutScheduler` takes)."""
         return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes}
 
-    async def start(self, tokenizer: Any) -> None:
+    async def start(self, tokenizer: Any, vision: ImageEncoder | None = None) -> None:
         self.pools = {where: self.envs.pool(where, ids) for where, ids in self._env_ids.items()}
         try:
             await asyncio.gather(*(self._start(where, pool) for where, pool in self.pools.items()))
             for lane in self.lanes:
-                await self._probe(lane, tokenizer)
+                await self._probe(lane, tokenizer, vision)
         except BaseException:
             await self.close()
             raise
@@ -68,7 +69,7 @@ class EnvServers:
             )
             raise RolloutConfigError(f"{envs}: the local env server did not start: {err}") from err
 
-    async def _probe(self, lane: Lane, tokenizer: Any) -> None:
+    async def _probe(self, lane: Lane, tokenizer: Any, vision: ImageEncoder | None) -> None:
         """One throw-away session per lane: a wrong env id, config or context budget fails now."""
         where = lane.endpoints_or(self.envs.endpoints)
         pool = self.pools[where]
@@ -91,11 +92,13 @@ class EnvServers:
             except EpisodeFailed:
                 return  # a fault, not a config error: the run's own retries deal with those
             episode = Episode(0, 0, 1, lane.env_id, tag=lane.tag)
-            builder = EpisodeBuilder(tokenizer, lane.episode, session.spec, episode, set())
+            builder = EpisodeBuilder(tokenizer, lane.episode, session.spec, episode, set(), vision)
             builder.start(first, time.perf_counter() - started)
             builder.next_request()
         except ContextBudgetError as err:
             raise RolloutConfigError(f"{lane.key}.episode.max_context_tokens: {err}") from err
+        except ImageInputError as err:
+            raise RolloutConfigError(f"{lane.key}.env_config={lane.env_config}: {err}") from err
         finally:
             await session.close()
 

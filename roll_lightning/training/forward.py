@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.vision import model_inputs, vision_token_ids
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,16 @@ def token_logprobs(
 
 
 def target_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, *, with_entropy: bool = False, chunk: int = 512
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    chunk: int = 512,
+    suppressed: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log softmax(logits / temperature)[target]`` (and the entropy) for logits ``[B, K, V]``, targets ``[B, K]``.
+    """``log softmax(logits / temperature)[target]`` (and the entropy) for logits ``[B, K, V]``, targets ``[B, K]``;
+    the ``suppressed`` ids (a vision model's picture placeholders, which the engines never sample) are left out.
 
     Computed ``chunk`` positions at a time as ``logit[target] - logsumexp(logits)``: with a 50k vocabulary a
     whole float32 log-softmax of a 2k-token row is 400 MB, and autograd would keep it.
@@ -80,6 +88,8 @@ def target_logprobs(
     logps, entropies = [], []
     for start in range(0, logits.shape[1], chunk):
         part = logits[:, start : start + chunk].float() / temperature
+        if suppressed:
+            part = part.index_fill(-1, torch.tensor(suppressed, device=part.device), float("-inf"))
         norm = torch.logsumexp(part, dim=-1)
         logps.append(part.gather(-1, targets[:, start : start + part.shape[1], None]).squeeze(-1) - norm)
         if with_entropy:
@@ -102,10 +112,12 @@ def policy_forward(
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
+        **_positions(model, batch),
         logits_to_keep=wanted,
     )
-    logp, entropy = target_logprobs(out.logits, batch.input_ids[:, wanted + 1], temperature, with_entropy=with_entropy)
+    suppressed = vision_token_ids(_config(model))
+    targets = batch.input_ids[:, wanted + 1]
+    logp, entropy = target_logprobs(out.logits, targets, temperature, with_entropy=with_entropy, suppressed=suppressed)
     zeros = logp.new_zeros((logp.shape[0], width))
     return zeros.index_copy(1, wanted + 1, logp), zeros.index_copy(
         1, wanted + 1, entropy
@@ -123,7 +135,17 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: RolloutBatch) -> torch.Tensor:
-        out = self.backbone(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-        )
+        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **_positions(self, batch))
         return self.head(out.last_hidden_state).squeeze(-1).float()
+
+
+def _positions(model: torch.nn.Module, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    """``position_ids``, or for rows with pictures their pixel values and grids: a vision-language model then
+    computes its own (M-RoPE) positions, as it did when generating."""
+    if not batch.has_images:
+        return {"position_ids": batch.position_ids}
+    return model_inputs(batch.input_ids, batch.images, _config(model).image_token_id)
+
+
+def _config(model: torch.nn.Module) -> Any:
+    return getattr(model, "config", None) or model.backbone.config  # the critic wraps a backbone

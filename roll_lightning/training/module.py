@@ -128,9 +128,9 @@ class AgentRLModule(L.LightningModule):
 
     @staticmethod
     def _load(path: Any, dtype: str = "float32") -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
+        from roll_lightning.models.resolve import load_policy
 
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+        return load_policy(path, dtype)
 
     def configure_model(self) -> None:
         if self.actor is not None:
@@ -147,7 +147,7 @@ class AgentRLModule(L.LightningModule):
             self.actor = apply_lora(self.actor, self.lora, self.seed)
         if self.estimator.uses_critic:
             backbone = AutoModel.from_pretrained(self.model_path, dtype=torch.float32)
-            self.critic = ValueModel(backbone, backbone.config.hidden_size)
+            self.critic = ValueModel(backbone, backbone.config.get_text_config().hidden_size)
         if self.algorithm.kl_coef > 0 and not self.lora.enabled:  # with LoRA: the actor, adapters off
             self.reference = self._load(self.model_path).eval()
             self.reference.requires_grad_(False)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, SamplingParams
+from roll_lightning.rollout.vision import Prompt, images_of
 
 
 @dataclass
@@ -55,7 +56,7 @@ class ThreadedEngine:
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
         self._check_alive()
-        prompt = list(prompt_ids)
+        prompt = Prompt(prompt_ids, images_of(prompt_ids))  # a copy that keeps the prompt's pictures
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError(f"generate: the prompt must be a non-empty list of token ids, got {prompt[:5]!r}...")
         future: Future[Generation] = Future()

@@ -16,6 +16,7 @@ import torch
 
 from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets, stop_string_end
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
+from roll_lightning.rollout.vision import images_of, model_inputs, vision_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +37,22 @@ class TransformersEngine(ThreadedEngine):
     ) -> None:
         """
         Args:
-            model: a model folder (loaded with `AutoModelForCausalLM`) or a model object to generate with.
+            model: a model folder (loaded with `load_policy`: vision-language folders take pictures) or a model
+                object to generate with.
             tokenizer: its eos/pad ids, and its decoder for stop strings; loaded from ``model`` when it is a folder.
             max_batch_size: the most requests in one `generate` call.
             seed: seeds the sampling RNG, so a run's replies are reproducible given the same request order.
             threads: torch intra-op threads for the worker (None = leave torch's setting alone).
         """
         super().__init__()
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from roll_lightning.models.resolve import load_policy
 
         if isinstance(model, torch.nn.Module):
             self.model = model
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+            self.model = load_policy(model, dtype)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
         if tokenizer is None:
             raise ValueError("TransformersEngine: pass a tokenizer with a model object")
@@ -58,6 +62,8 @@ class TransformersEngine(ThreadedEngine):
         self.eos_ids = _eos_ids(tokenizer, self.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.max_batch_size = max_batch_size
+        self._image_token_id = getattr(self.model.config, "image_token_id", None)
+        self._suppressed = list(vision_token_ids(self.model.config))  # never sampled (`vision_token_ids`)
         self._generator_seed = seed
         self._batches = 0
         self._threads = threads
@@ -137,6 +143,7 @@ class TransformersEngine(ThreadedEngine):
         for row, request in enumerate(batch):  # left padding: every prompt ends where generation starts
             input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
             attention[row, width - len(request.prompt_ids) :] = 1
+        pictures = model_inputs(input_ids, [images_of(r.prompt_ids) for r in batch], self._image_token_id)
         stops = list(dict.fromkeys([*self.eos_ids, *params.stop_token_ids]))
         greedy = params.temperature == 0
         torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
@@ -144,12 +151,14 @@ class TransformersEngine(ThreadedEngine):
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
+            **{name: value.to(self.device) for name, value in pictures.items()},
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
             top_k=None if greedy else params.top_k,  # 0 = off; None would let generation_config's default in
             max_new_tokens=params.max_new_tokens,
             eos_token_id=stops,
+            suppress_tokens=self._suppressed or None,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=True,

@@ -16,16 +16,18 @@ the path verl's ``TensorLoRARequest`` takes, without a file); every request then
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_weight_pairs
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
+from roll_lightning.rollout.vision import collapsed, images_of
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.engines.factory import EngineConfig
@@ -187,7 +189,7 @@ class VLLMEngine(ThreadedEngine):
             request_id = next(self._ids)
             try:
                 with _ENGINE_LOCK:
-                    prompt = {"prompt_token_ids": request.prompt_ids}
+                    prompt = vllm_prompt(request.prompt_ids)
                     self.engine.add_request(request_id, prompt, sampling, lora_request=self._lora_request)
             except Exception as err:  # noqa: BLE001 - e.g. a prompt longer than max_model_len: that caller's error
                 request.future.set_exception(err)
@@ -222,6 +224,18 @@ class VLLMEngine(ThreadedEngine):
                     prompt_tokens=len(request.prompt_ids),
                 ),
             )
+
+
+def vllm_prompt(prompt: Sequence[int]) -> dict[str, Any]:
+    """vLLM's input for a prompt: its ids; with pictures, also ``multi_modal_data``, and each picture's vision run
+    cut to one placeholder (vLLM's processor expands it again, from the same image processor config)."""
+    images = images_of(prompt)
+    if not images:
+        return {"prompt_token_ids": list(prompt)}
+    from PIL import Image
+
+    pictures = [Image.open(io.BytesIO(image.data)).convert("RGB") for image in images]
+    return {"prompt_token_ids": collapsed(prompt), "multi_modal_data": {"image": pictures}}
 
 
 def cuda_index(device: str) -> int | None:

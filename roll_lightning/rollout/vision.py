@@ -1,0 +1,144 @@
+"""Images in prompts: an observation's pictures become a vision-language model's vision tokens and pixel values.
+
+An env marks where each picture stands with ``<image>`` in its observation text (the protocol's rule). The chat
+template renders that text as it is; tokenising, each marker becomes the model's placeholder run
+``<|vision_start|> <|image_pad|> x n <|vision_end|>``, with ``n`` the picture's vision tokens after the image
+processor's resize and merge (the ids a Qwen2-VL processor would make). So prompt ids stay appended, never
+re-tokenised, and they count every vision token toward ``max_context_tokens``. The pixel values travel beside
+the ids (`Prompt.images`, then `RolloutBatch.images`), in marker order; `model_inputs` hands them to the model.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+IMAGE_MARKER = "<image>"
+VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+
+
+class ImageInputError(ValueError):
+    """Images the policy cannot take: a text-only model given pictures, or markers that do not match them."""
+
+
+class EncodedImage(Protocol):
+    """A picture as the env sent it (`roll_lightning.env_client.ObservationImage`)."""
+
+    data: bytes
+    media_type: str
+
+
+@dataclass(frozen=True, eq=False)
+class PromptImage:
+    """One picture ready for the model: the env's bytes (for dumps and the viewer) and the image processor's
+    output, ``pixel_values [patches, channels x patch area]`` and ``grid_thw`` (patches in time, height, width)."""
+
+    data: bytes
+    media_type: str
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    tokens: int  # vision tokens in the prompt: the patches over the merge area
+    token_id: int  # the placeholder id those tokens carry (``<|image_pad|>``)
+
+
+class Prompt(list[int]):
+    """A prompt's token ids, carrying the pictures its vision tokens stand for (in order). It is a list of ids,
+    so everything that passes prompts along (the gate, the router) carries the pictures untouched."""
+
+    images: tuple[PromptImage, ...]
+
+    def __init__(self, ids: Iterable[int] = (), images: Sequence[PromptImage] = ()) -> None:
+        super().__init__(ids)
+        self.images = tuple(images)
+
+
+def images_of(prompt: Sequence[int]) -> tuple[PromptImage, ...]:
+    """The pictures a prompt carries (none for plain ids)."""
+    return getattr(prompt, "images", ())
+
+
+class ImageEncoder:
+    """A vision-language model's image processor and vision token ids, loaded from its folder."""
+
+    def __init__(self, processor: Any, tokenizer: Any) -> None:
+        self.processor = processor
+        self.merge_area = int(getattr(processor, "merge_size", 2)) ** 2
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+        if any(i is None or i == tokenizer.unk_token_id for i in ids):
+            raise ImageInputError(f"the tokenizer lacks the vision tokens {', '.join(VISION_TOKENS)}")
+        self.start_id, self.image_id, self.end_id = ids
+
+    @classmethod
+    def load(cls, folder: str | Path, tokenizer: Any) -> ImageEncoder | None:
+        """The encoder of a model folder, or None for a text-only model (no ``preprocessor_config.json``)."""
+        if not (Path(folder) / "preprocessor_config.json").is_file():
+            return None
+        from transformers import AutoImageProcessor
+
+        return cls(AutoImageProcessor.from_pretrained(str(folder)), tokenizer)
+
+    def encode(self, image: EncodedImage) -> PromptImage:
+        from PIL import Image
+
+        try:
+            picture = Image.open(io.BytesIO(image.data)).convert("RGB")
+        except Exception as err:
+            raise ImageInputError(f"an observation image ({image.media_type}) does not decode: {err}") from err
+        out = self.processor(images=[picture], return_tensors="pt")
+        t, h, w = (int(x) for x in out["image_grid_thw"][0])
+        tokens = t * h * w // self.merge_area
+        return PromptImage(image.data, image.media_type, out["pixel_values"], (t, h, w), tokens, self.image_id)
+
+    def placeholder(self, image: PromptImage) -> list[int]:
+        return [self.start_id, *[self.image_id] * image.tokens, self.end_id]
+
+
+def tokenize(tokenizer: Any, text: str, images: Sequence[PromptImage], encoder: ImageEncoder | None) -> list[int]:
+    """``text``'s ids with each ``<image>`` marker replaced by its picture's vision-token run."""
+    if not images:  # a text-only prompt: a literal marker is just text
+        return tokenizer.encode(text, add_special_tokens=False)
+    pieces = text.split(IMAGE_MARKER)
+    if len(pieces) - 1 != len(images) or encoder is None:
+        raise ImageInputError(f"the prompt holds {len(pieces) - 1} {IMAGE_MARKER} markers for {len(images)} images")
+    ids = tokenizer.encode(pieces[0], add_special_tokens=False)
+    for image, piece in zip(images, pieces[1:], strict=True):
+        ids += encoder.placeholder(image) + tokenizer.encode(piece, add_special_tokens=False)
+    return ids
+
+
+def model_inputs(input_ids: torch.Tensor, rows: Sequence[Sequence[PromptImage]], image_token_id: int) -> dict[str, Any]:
+    """The keyword arguments a Qwen2-VL model takes beside ``input_ids [B, L]`` for the rows' pictures (their
+    pixel values concatenated in row, then marker, order); empty when no row has one."""
+    images = [image for row in rows for image in row]
+    if not images:
+        return {}
+    device = input_ids.device
+    return {
+        "pixel_values": torch.cat([image.pixel_values for image in images]).to(device),
+        "image_grid_thw": torch.tensor([image.grid_thw for image in images], dtype=torch.long, device=device),
+        "mm_token_type_ids": (input_ids == image_token_id).int(),
+    }
+
+
+def vision_token_ids(config: Any) -> tuple[int, ...]:
+    """The ids a vision-language model reserves for pictures (none for a text model). Replies never sample them:
+    the engines suppress them and the trainer's log-softmax leaves them out the same way, so a reply holds no
+    placeholder the model would read as a picture's slot."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    ids = {getattr(config, name, None) for name in names} if getattr(config, "vision_config", None) else set()
+    return tuple(sorted(i for i in ids if isinstance(i, int)))
+
+
+def collapsed(prompt: Sequence[int]) -> list[int]:
+    """The prompt's ids with each picture's placeholder run cut to one placeholder: what a processor that expands
+    placeholders itself (vLLM's) takes beside the pictures."""
+    images = images_of(prompt)
+    if not images:
+        return list(prompt)
+    pad = images[0].token_id
+    return [t for i, t in enumerate(prompt) if t != pad or i == 0 or prompt[i - 1] != pad]

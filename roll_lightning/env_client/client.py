@@ -38,7 +38,7 @@ class EnvClient:
         token: str | None = None,
         tls_root_cert: bytes | None = None,
         tls_server_name: str | None = None,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        max_message_bytes: int = 64 * 1024 * 1024,  # answers may carry images: 8 x 2 MiB per observation
     ) -> None:
         if token and not all(33 <= ord(ch) <= 126 for ch in token):  # gRPC would fail every call, obscurely
             raise ValueError("token: a bearer token is printable ASCII without spaces or line breaks")

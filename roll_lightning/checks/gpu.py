@@ -8,6 +8,8 @@
 | fsdp2     | FSDP2 over NCCL on every visible GPU gives the update of one process trained on all the groups   |
 | bf16      | bf16 mixed precision trains: finite losses, the advantaged reply's probability rises             |
 | fit       | ``fit --config configs/sokoban.yaml --config configs/gpu.yaml`` with the tiny model runs 3 steps |
+| vision    | tiny-vl through vLLM with a picture: its greedy log-probs equal the trainer's, no placeholder sampled; |
+|           | then ``fit --config configs/sokoban_vl.yaml --config configs/gpu.yaml`` with tiny-vl, 2 steps     |
 | partial   | the same fit with ``data.colocate: partial`` on one rank and replicas on GPUs 0 and 1: the        |
 |           | replica on the training GPU sleeps for each update and frees memory there (needs 2 GPUs)         |
 
@@ -19,6 +21,7 @@ their code is exercised without a GPU.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -196,6 +199,73 @@ def check_fit(steps: int = 3) -> Outcome:
     return Outcome("fit", "PASS", f"{steps} rollout steps with configs/gpu.yaml (metrics: {len(metrics)} file(s))")
 
 
+def check_vision(device: str = "cuda", steps: int = 2) -> Outcome:
+    """The picture path on the GPU: vLLM's multimodal input against the trainer's forward, then the VL fit."""
+    if importlib.util.find_spec("torchvision") is None:  # vLLM's Qwen2-VL processor imports it
+        return Outcome("vision", "SKIP", "torchvision is not installed (vLLM's Qwen2-VL needs it)")
+    from roll_lightning.models.resolve import resolve_model
+
+    model_dir = resolve_model("tiny-vl")
+    gap, sampled = asyncio.run(_vision_gap(model_dir, device))
+    notes = [f"vLLM vs trainer log-prob gap with a picture {gap:.1e}"]
+    if gap > 1e-2 or sampled:
+        return Outcome("vision", "FAIL", "; ".join([*notes, f"placeholders sampled: {sampled}"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable, "-m", "roll_lightning", "fit", "--config", "configs/sokoban_vl.yaml", "--config",
+            "configs/gpu.yaml", "--model.rollout_steps", str(steps), "--trainer.default_root_dir", tmp,
+        ]  # fmt: skip
+        env = {**os.environ, "ROLL_MODEL": "tiny-vl", "NUM_GPUS": os.environ.get("NUM_GPUS", "1")}
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return Outcome(
+            "vision", "FAIL", "; ".join([*notes, f"fit exit {done.returncode}: {done.stderr.strip()[-500:]}"])
+        )
+    return Outcome("vision", "PASS", "; ".join([*notes, f"sokoban_vl.yaml + gpu.yaml: {steps} rollout steps"]))
+
+
+async def _vision_gap(model_dir: Path, device: str) -> tuple[float, list[int]]:
+    """Greedy reply to a prompt holding one board picture: max |engine - trainer| log-prob, placeholders sampled."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from roll_lightning.env_client.session import ObservationImage
+    from roll_lightning.models.resolve import load_policy
+    from roll_lightning.rollout.engines import SamplingParams
+    from roll_lightning.rollout.engines.factory import EngineConfig
+    from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
+    from roll_lightning.rollout.vision import ImageEncoder, Prompt, model_inputs, vision_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    encoder = ImageEncoder.load(model_dir, tokenizer)
+    assert encoder is not None
+    png = io.BytesIO()
+    Image.new("RGB", (168, 112), (40, 90, 220)).save(png, format="PNG")
+    picture = encoder.encode(ObservationImage(png.getvalue(), "image/png"))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Push the box: <image>"}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    before, after = text.split("<image>")
+    ids = tokenizer.encode(before, add_special_tokens=False) + encoder.placeholder(picture)
+    prompt = Prompt(ids + tokenizer.encode(after, add_special_tokens=False), [picture])
+    config = EngineConfig(kind="vllm", dtype="float32", gpu_memory_utilization=0.3, max_model_len=512)
+    engine = VLLMEngine(model_dir, config=config, device=device, seed=0)
+    try:
+        reply = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=0))
+    finally:
+        await engine.close()
+    model = load_policy(model_dir).to(device).eval()
+    full = torch.tensor([[*prompt, *reply.token_ids]], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=full, **model_inputs(full, [[picture]], model.config.image_token_id)).logits
+    suppressed = list(vision_token_ids(model.config))
+    logits = logits[0, len(prompt) - 1 : -1].float().index_fill(-1, torch.tensor(suppressed, device=device), -1e30)
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply.token_ids, device=device)[:, None])
+    gap = float((torch.tensor(reply.logprobs) - expected.squeeze(-1).cpu()).abs().max())
+    return gap, [t for t in reply.token_ids if t in suppressed]
+
+
 PARTIAL_DEVICES = '[train, "cuda:{local_rank + local_world_size}"]'
 
 
@@ -247,6 +317,7 @@ def run_all(model_dir: Path, report: Callable[[Outcome], None]) -> list[Outcome]
         ("fsdp2", lambda: check_fsdp2(model_dir)),
         ("bf16", lambda: check_bf16(model_dir)),
         ("fit", check_fit),
+        ("vision", check_vision),
         ("partial", check_partial),
     ]
     for name, check in checks:

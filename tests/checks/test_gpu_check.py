@@ -58,3 +58,12 @@ def test_the_partial_check_command_parses_and_its_metric_is_read(tmp_path: Path)
     (tmp_path / "v0").mkdir()
     (tmp_path / "v0" / "metrics.csv").write_text("step,rollout/shrink_released_gib,train/loss\n0,,1.5\n1,2.5,\n")
     assert gpu.column(tmp_path, "rollout/shrink_released_gib") == [2.5]
+
+
+def test_the_vision_check_says_why_it_cannot_run_without_torchvision() -> None:
+    """`check_vision` needs vLLM's Qwen2-VL, which imports torchvision (no CPU build here); where it is missing the
+    row is a SKIP naming it, not a crash. On a GPU machine tests/gpu/test_gpu.py runs it."""
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the check runs for real (tests/gpu/test_gpu.py)")
+    outcome = gpu.check_vision(device="cpu")
+    assert outcome.status == "SKIP" and "torchvision" in outcome.detail

@@ -54,3 +54,8 @@ def test_the_main_command_with_the_gpu_overlay_runs_three_steps() -> None:
 def test_partial_overlap_frees_the_training_gpu_for_each_update() -> None:
     outcome = gpu.check_partial()
     assert outcome.status == "PASS", outcome.detail
+
+
+def test_pictures_through_vllm_and_the_vl_fit() -> None:
+    outcome = gpu.check_vision()
+    assert outcome.status == "PASS", outcome.detail

@@ -1,14 +1,12 @@
-"""The image rules of protocol v1 (env.proto's header, "Images") and a small deterministic PNG writer.
+"""The image rules of protocol v1 (env.proto's header, "Images").
 
 The server runtime refuses to send an observation that breaks a rule (`image_rule_broken` names the rule), and
-the conformance suite checks what any server sends with the same function. `encode_png` lets an env draw its
-state without an imaging library: the same pixels always give the same bytes.
+the conformance suite checks what any server sends with the same function. Envs draw their pictures with
+`env_servers.envs.png.encode_png` (numpy, no imaging library: the same pixels always give the same bytes).
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,21 +40,4 @@ def image_rule_broken(text: str, images: Sequence[Any]) -> str | None:
     return None
 
 
-def encode_png(width: int, height: int, rgb: bytes) -> bytes:
-    """An 8-bit RGB PNG of ``width`` x ``height`` pixels (``rgb``: 3 bytes per pixel, row by row).
-
-    Deterministic: no timestamps or text chunks, and zlib at a fixed level, so the same pixels give the same bytes.
-    """
-    if width < 1 or height < 1 or len(rgb) != 3 * width * height:
-        raise ValueError(f"encode_png: {len(rgb)} bytes for {width}x{height} RGB pixels (want {3 * width * height})")
-    stride = 3 * width
-    raw = b"".join(b"\x00" + rgb[y * stride : (y + 1) * stride] for y in range(height))  # filter 0 on each row
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit, truecolour, no interlace
-    return MAGIC["image/png"] + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
-
-
-__all__ = ["MAGIC", "MAX_IMAGES", "MAX_IMAGE_BYTES", "encode_png", "image_rule_broken"]
+__all__ = ["MAGIC", "MAX_IMAGES", "MAX_IMAGE_BYTES", "image_rule_broken"]

@@ -14,8 +14,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from env_servers import IMAGE_MARKER, EnvSpec, Image, Observation, register
-from env_servers.images import MAX_IMAGE_BYTES, MAX_IMAGES, encode_png
+from env_servers.envs.png import encode_png
+from env_servers.images import MAX_IMAGE_BYTES, MAX_IMAGES
 
 NONCE = [False]  # True: every picture also carries random bytes (a server whose images break determinism)
 BROKEN = ("", "too-many", "markers", "media-type", "magic", "too-big", "not-bytes", "not-an-observation")
@@ -39,7 +42,7 @@ def board_png(seed: int, t: int, size: int) -> bytes:
     rng = random.Random(seed * 1_000_003 + t)
     pixels = bytearray(rng.randrange(256) for _ in range(3 * size * size))
     pixels[3 * (t % (size * size)) : 3 * (t % (size * size)) + 3] = b"\xff\xff\xff"
-    png = encode_png(size, size, bytes(pixels))
+    png = encode_png(np.frombuffer(bytes(pixels), dtype=np.uint8).reshape(size, size, 3))
     return png + os.urandom(4) if NONCE[0] else png
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from support.cli import TINY, run_cli
+from support.cli import TINY, TWO_RANKS, run_cli
 
 PICTURES = {"tag": "pixels", "env_id": "frozenlake", "env_config": {"size": 4, "render": "image"}, "groups": 1}
 WORDS = {"tag": "words", "env_id": "frozenlake", "env_config": {"size": 4}, "groups": 1}
@@ -48,6 +48,17 @@ def test_a_picture_env_and_a_text_env_train_together_and_resume(tmp_path: Path) 
     state = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["rollout_steps"] == 3
     assert any("visual" in name for name in state["state_dict"])  # the vision encoder trains and is saved
+
+
+def test_two_fsdp2_ranks_train_on_pictures(tmp_path: Path) -> None:
+    """Each rank's rows keep their own pictures through FSDP2 (gloo on the CPU), in micro-batches of a few rows (an
+    entropy bonus makes every batch train, whatever the random model's rewards)."""
+    extra = _config(tmp_path / "vl.yaml", {**PICTURES, "groups": 2})
+    more = ("--model.algorithm.max_tokens_per_micro", "256", "--model.algorithm.entropy_coef", "0.01")
+    _fit(tmp_path, extra, 1, *TWO_RANKS, *more)
+    (metrics,) = (tmp_path / "run").glob("lightning_logs/version_0/metrics.csv")
+    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    assert logged["env/image_bytes"] > 100 and logged["train/update_skipped"] == 0 and "train/entropy" in logged
 
 
 def test_a_text_model_given_a_picture_env_is_told_in_one_line(tmp_path: Path) -> None:

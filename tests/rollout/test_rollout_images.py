@@ -167,3 +167,24 @@ def test_vllm_never_samples_a_picture_placeholder(vl_dir: Path, model_dir: Path)
     assert allowed is not None and len(allowed) == vl.text_config.vocab_size - 3  # its video id is its image id
     assert not {vl.image_token_id, vl.vision_start_token_id, vl.vision_end_token_id} & set(allowed)
     assert allowed_token_ids(AutoConfig.from_pretrained(model_dir), 512) is None
+
+
+def test_vision_tokens_count_toward_the_context_budget(vl_dir: Path, vl_tokenizer: Any) -> None:
+    """A 112-pixel square is 16 vision tokens: a budget the text alone fits but not with its picture is refused."""
+    from roll_lightning.rollout.episode import ContextBudgetError
+
+    reset = ResetOutcome("ep-1", 1, "<image>", images=(ObservationImage(_png((0, 0, 0), (112, 112)), "image/png"),))
+    prompt = PromptConfig(system_prompt="", turn_template="{observation}", instruction_first_turn=False)
+
+    def first_prompt(budget: int) -> list[int] | None:
+        settings = EpisodeSettings(layout="step", max_context_tokens=budget, prompt=prompt)
+        vision = ImageEncoder.load(vl_dir, vl_tokenizer)
+        builder = EpisodeBuilder(vl_tokenizer, settings, None, Episode(0, 0, 1, "frozenlake"), set(), vision)
+        builder.start(reset)
+        request = builder.next_request()
+        return request[0] if request else None
+
+    ids = first_prompt(64)
+    assert ids is not None and len(ids) > 18  # 16 vision tokens, their start and end, and the chat template
+    with pytest.raises(ContextBudgetError, match=f"first prompt \\({len(ids)} tokens\\)"):
+        first_prompt(len(ids))

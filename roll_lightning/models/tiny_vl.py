@@ -24,7 +24,7 @@ VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
 # One vision token per 28-pixel square: patch 14, merged 2x2 (Qwen2-VL's own sizes).
 PATCH_SIZE, MERGE_SIZE = 14, 2
 # Bump when the recipe changes, so cached folders built by an older recipe are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 def build_tiny_vl_model(
@@ -38,11 +38,18 @@ def build_tiny_vl_model(
     vision_depth: int = 1,
     vocab: str = "bpe",
     max_image_tokens: int = 256,
+    rope_theta: float = 10.0,
 ) -> Path:
     """Build a random ``Qwen2VLForConditionalGeneration``, its tokenizer and image processor into ``out_dir``.
 
     Same arguments give byte-identical files. ``max_image_tokens`` bounds an image's vision tokens (the image
     processor scales larger pictures down to fit). No dropout, so the trainer's log-probs equal the engine's.
+
+    Positions: M-RoPE gives a vision token its row and column through two sections of each head's rotary
+    frequencies. With Qwen2-VL's own ``rope_theta`` (1e6) and a 32-wide head those are the slowest frequencies,
+    which turn by ~0.001 radians per cell: a random model cannot tell one cell from another, and a policy
+    trained on that ignored the picture entirely. ``rope_theta`` 10 with most frequencies on the rows and
+    columns turns them by 0.1-0.8 radians per cell.
     """
     head_dim, rest = divmod(hidden_size, num_heads)
     if rest or head_dim % 8:
@@ -56,7 +63,8 @@ def build_tiny_vl_model(
     tokenizer = tiny.build_tokenizer() if vocab == "bpe" else tiny.build_word_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "<|im_start|>", *VISION_TOKENS]})
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*tiny.SPECIAL_TOKENS, *VISION_TOKENS]}
-    half, quarter = head_dim // 2, head_dim // 8  # M-RoPE splits a head's rotary half into (time, height, width)
+    half = head_dim // 2  # M-RoPE splits a head's rotary frequencies into (time, height, width) sections
+    side = (half - half // 8) // 2
     config = Qwen2VLConfig(
         text_config=dict(
             vocab_size=-(-len(tokenizer) // 64) * 64 if vocab == "bpe" else len(tokenizer),
@@ -66,7 +74,8 @@ def build_tiny_vl_model(
             num_attention_heads=num_heads,
             num_key_value_heads=1,
             max_position_embeddings=2048,
-            rope_scaling={"type": "mrope", "mrope_section": [half - 2 * quarter, quarter, quarter]},
+            rope_scaling={"type": "mrope", "mrope_section": [half - 2 * side, side, side]},
+            rope_theta=rope_theta,
             bos_token_id=ids["<|endoftext|>"],
             eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|pad|>"],

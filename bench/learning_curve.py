@@ -41,6 +41,7 @@ CONFIG = REPO / "configs" / "sokoban.yaml"
 TITLES = {
     "sokoban": "Sokoban 6x6, 1 box (levels from seeds), tiny-grid model from scratch, 2-core CPU",
     "frozenlake_learn": "FrozenLake 4x4 (random maps from seeds), tiny-words model from scratch, 2-core CPU",
+    "frozenlake_pixels": "FrozenLake 4x4 from the board's picture, tiny-vl-words (Qwen2-VL) from scratch, 2-core CPU",
 }
 
 

@@ -11,6 +11,7 @@ the ids (`Prompt.images`, then `RolloutBatch.images`), in marker order; `model_i
 from __future__ import annotations
 
 import io
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +64,16 @@ def images_of(prompt: Sequence[int]) -> tuple[PromptImage, ...]:
 
 
 class ImageEncoder:
-    """A vision-language model's image processor and vision token ids, loaded from its folder."""
+    """A vision-language model's image processor and vision token ids, loaded from its folder.
 
-    def __init__(self, processor: Any, tokenizer: Any) -> None:
+    Encodings are kept by the picture's bytes (the newest `cache_size`): a group's members start from the same
+    picture and boards recur, and the processor costs ~1 ms a picture on the asyncio loop that plays every episode.
+    """
+
+    def __init__(self, processor: Any, tokenizer: Any, cache_size: int = 4096) -> None:
         self.processor = processor
+        self.cache: OrderedDict[bytes, PromptImage] = OrderedDict()
+        self.cache_size = cache_size
         self.merge_area = int(getattr(processor, "merge_size", 2)) ** 2
         ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
         if any(i is None or i == tokenizer.unk_token_id for i in ids):
@@ -83,6 +90,18 @@ class ImageEncoder:
         return cls(AutoImageProcessor.from_pretrained(str(folder)), tokenizer)
 
     def encode(self, image: EncodedImage) -> PromptImage:
+        """The picture ready for the model (shared with earlier pictures of the same bytes: never modify it)."""
+        known = self.cache.get(image.data)
+        if known is not None and known.media_type == image.media_type:
+            self.cache.move_to_end(image.data)
+            return known
+        encoded = self._encode(image)
+        self.cache[image.data] = encoded
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return encoded
+
+    def _encode(self, image: EncodedImage) -> PromptImage:
         from PIL import Image
 
         try:

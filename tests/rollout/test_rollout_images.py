@@ -188,3 +188,15 @@ def test_vision_tokens_count_toward_the_context_budget(vl_dir: Path, vl_tokenize
     assert ids is not None and len(ids) > 18  # 16 vision tokens, their start and end, and the chat template
     with pytest.raises(ContextBudgetError, match=f"first prompt \\({len(ids)} tokens\\)"):
         first_prompt(len(ids))
+
+
+def test_the_encoder_keeps_the_newest_encodings_by_their_bytes(vl_dir: Path, vl_tokenizer: Any) -> None:
+    encoder = ImageEncoder(ImageEncoder.load(vl_dir, vl_tokenizer).processor, vl_tokenizer, cache_size=2)  # type: ignore[union-attr]
+    red, blue, green = (ObservationImage(_png(c), "image/png") for c in [(255, 0, 0), (0, 0, 255), (0, 255, 0)])
+    first = encoder.encode(red)
+    assert encoder.encode(ObservationImage(bytes(red.data), "image/png")) is first  # same bytes: the same encoding
+    assert encoder.encode(blue) is not first and not torch.equal(encoder.encode(blue).pixel_values, first.pixel_values)
+    encoder.encode(green)  # the cache holds two: red, the oldest, goes
+    assert list(encoder.cache) == [blue.data, green.data]
+    again = encoder.encode(red)
+    assert again is not first and torch.equal(again.pixel_values, first.pixel_values)

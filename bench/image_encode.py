@@ -43,7 +43,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     pictures = [ObservationImage(data, "image/png") for data in step_pictures()]
     medians = {}
-    for name, cache_size in [("no cache", 0), ("cache", 4096)]:
+    for name, cache_size in [("no cache", 0), ("cache", 256)]:
         times = []
         for _ in range(5):
             encoder = ImageEncoder.load(folder, tokenizer)

@@ -53,6 +53,44 @@ class EnvSpec:
     # split name -> number of tasks; 0 means procedurally generated from the seed (unbounded).
     splits: Mapping[str, int] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
+    tools: tuple[Tool, ...] = ()  # the tools the agent may call (empty: a text env)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the agent may call: its name, what it does, and its arguments as a JSON Schema object."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the agent made: ``id`` (chosen by the client, echoed by the result), the tool's name, and the
+    arguments as the JSON text the model wrote (unparsed: a bad call is the env's to judge)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one call returned, under its call's id (``is_error``: the call failed, e.g. an unknown tool)."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    """A tool env's step input: the reply's text and the calls parsed out of it (in order)."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 IMAGE_MARKER = "<image>"
@@ -69,10 +107,12 @@ class Image:
 
 @dataclass(frozen=True)
 class Observation:
-    """What an env shows the agent when it sends pictures: the text, with one `IMAGE_MARKER` per image."""
+    """What an env shows the agent beyond plain text: pictures (one `IMAGE_MARKER` in the text per image) and the
+    results of the calls the step carried (one per call, in the calls' order)."""
 
     text: str
     images: tuple[Image, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
 
 
 class TextEnv(Protocol):

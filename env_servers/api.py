@@ -11,6 +11,10 @@ An observation is a string, or an `Observation`: text plus images, each image st
 an `IMAGE_MARKER` (one marker per image, in order; the proto header has the rules and limits, which
 `env_servers.images` checks).
 
+Tool envs: an env whose `EnvSpec.tools` is not empty receives an `Action` (the reply's text and its parsed
+`ToolCall`s) in ``step`` instead of the text, and answers each call with a `ToolResult` in its `Observation`'s
+``tool_results`` (a bad call is a normal step: ``action_valid`` False, the env's penalty, an error result).
+
 Rules the runtime relies on (and the conformance tests check):
 - every instance owns its randomness (a `numpy.random.Generator` / `random.Random` built from the reset seed),
   never the process-global RNGs, so the same seed gives the same start state whatever else the process runs;

@@ -52,7 +52,7 @@ class DescribeEnvRequest(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class EnvSpec(_message.Message):
-    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics")
+    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics", "tools")
     class SplitsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class EnvSpec(_message.Message):
     CONFIG_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     version: str
     instruction: str
@@ -86,7 +87,18 @@ class EnvSpec(_message.Message):
     config_schema: str
     config: _struct_pb2.Struct
     metrics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("env_id", "config", "request_id", "client_tag")
@@ -159,10 +171,34 @@ class ResetResult(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., observation: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("text",)
+    __slots__ = ("text", "tool_calls")
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     text: str
-    def __init__(self, text: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments_json: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class ToolResult(_message.Message):
+    __slots__ = ("call_id", "name", "content", "is_error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    IS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    content: str
+    is_error: bool
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., content: _Optional[str] = ..., is_error: _Optional[bool] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("session_id", "episode_id", "step_index", "action", "request_id")
@@ -179,7 +215,7 @@ class StepRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., action: _Optional[_Union[Action, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("status", "session_id", "episode_id", "step_index", "observation", "reward", "terminated", "truncated", "action_valid", "info", "metrics", "env_seconds", "images")
+    __slots__ = ("status", "session_id", "episode_id", "step_index", "observation", "reward", "terminated", "truncated", "action_valid", "info", "metrics", "env_seconds", "images", "tool_results")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +236,7 @@ class StepResult(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     status: Status
     session_id: str
     episode_id: str
@@ -213,7 +250,8 @@ class StepResult(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     env_seconds: float
     images: _containers.RepeatedCompositeFieldContainer[Image]
-    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., action_valid: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., env_seconds: _Optional[float] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+    tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., session_id: _Optional[str] = ..., episode_id: _Optional[str] = ..., step_index: _Optional[int] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., action_valid: _Optional[bool] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., env_seconds: _Optional[float] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ...) -> None: ...
 
 class BatchResetRequest(_message.Message):
     __slots__ = ("items",)

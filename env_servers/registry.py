@@ -29,7 +29,11 @@ class EnvEntry:
 _REGISTRY: dict[str, EnvEntry] = {}
 # Families of ids served by an adapter: prefix -> (module that provides it, function id -> EnvEntry).
 _PREFIXES: dict[str, Callable[[str], EnvEntry]] = {}
-_ADAPTER_MODULES = {"gem:": "env_servers.envs.gem_adapter", "gym:": "env_servers.envs.gym_adapter"}
+_ADAPTER_MODULES = {
+    "gem:": "env_servers.envs.gem_adapter",
+    "gym:": "env_servers.envs.gym_adapter",
+    "mcp:": "env_servers.envs.mcp_env",
+}
 _BUILTINS_LOADED = False
 
 

@@ -32,12 +32,26 @@ def make(env_id: str = CAPITALS, **config):
     return entry.make(entry.make_config(config))
 
 
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+    return [p for p in psutil.Process().children(recursive=True) if alive(p)]
 
 
 def mcp_children() -> list[psutil.Process]:
-    return [p for p in children() if "support.mcp_servers" in " ".join(p.cmdline())]
+    found = []
+    for process in children():
+        try:
+            if "support.mcp_servers" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def wait_gone(timeout: float = 10.0) -> list[psutil.Process]:
@@ -152,7 +166,7 @@ def test_restart_per_episode_and_a_dead_server():
         (before,) = mcp_children()
         env.reset(1)
         (after,) = mcp_children()
-        assert after.pid != before.pid and not before.is_running(), "a fresh server for each episode"
+        assert after.pid != before.pid and not alive(before), "a fresh server for each episode"
         after.kill()
         after.wait(5)
         with pytest.raises(RuntimeError, match="MCP server .*support.mcp_servers"):
@@ -243,3 +257,77 @@ def test_cli_describe_lists_the_tools():
     spec = json.loads(out)
     assert [tool["name"] for tool in spec["tools"]] == ["answer", "lookup", "add", "picture"]
     assert not wait_gone()
+
+
+def test_served_over_grpc_with_tool_calls():
+    """End to end through a gRPC server (needs the runtime's tool support: env_servers.server.tools)."""
+    pytest.importorskip("env_servers.server.tools", reason="the server runtime has no tool calls yet")
+    import grpc
+    from support.servers import start_server
+
+    from roll_lightning.protocol.v1 import env_pb2 as pb
+    from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
+
+    server = start_server(env_ids=(CAPITALS,), max_sessions=4)
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            with pytest.raises(grpc.RpcError, match="server_command can only be set by the server operator"):
+                config = pb.CreateSessionRequest(env_id=CAPITALS, request_id="bad").config
+                config.update({"server_command": ["sh"]})
+                stub.CreateSession(pb.CreateSessionRequest(env_id=CAPITALS, request_id="bad", config=config))
+            created = stub.CreateSession(pb.CreateSessionRequest(env_id=CAPITALS, request_id="c1"), timeout=30)
+            assert [tool.name for tool in created.spec.tools] == ["answer", "lookup", "add", "picture"]
+            assert json.loads(created.spec.tools[2].parameters_json)["required"] == ["a", "b"]
+            sid = created.session_id
+            first = stub.Reset(pb.ResetRequest(session_id=sid, seed=5, request_id="r1"), timeout=30)
+            country = first.observation.removeprefix("What is the capital of ").split("?")[0]
+
+            def step(index: int, *items: tuple[str, str]) -> pb.StepResult:
+                tool_calls = [pb.ToolCall(id=f"t{i}", name=n, arguments_json=a) for i, (n, a) in enumerate(items)]
+                action = pb.Action(text="", tool_calls=tool_calls)
+                request = pb.StepRequest(
+                    session_id=sid, episode_id=first.episode_id, step_index=index, action=action, request_id=f"s{index}"
+                )
+                return stub.Step(request, timeout=30)
+
+            looked = step(0, ("lookup", json.dumps({"key": country})), ("nope", "{}"))
+            assert [(r.call_id, r.is_error) for r in looked.tool_results] == [("t0", False), ("t1", True)]
+            assert not looked.action_valid and looked.reward == pytest.approx(-0.1)
+            city = looked.tool_results[0].content
+            answered = step(1, ("answer", json.dumps({"city": city})))
+            assert answered.action_valid and answered.reward == 1.0 and answered.terminated
+            assert len(mcp_children()) == 1
+            stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=30)
+            assert not wait_gone(), "closing the session stops its MCP server"
+    finally:
+        server.stop()
+
+
+def test_serve_cli_and_no_orphans_after_the_server_exits():
+    """`python -m env_servers serve mcp:...` serves the task; its MCP servers end with it (stdin EOF), even with
+    a session still open when it is stopped."""
+    import grpc
+
+    from roll_lightning.protocol.v1 import env_pb2 as pb
+    from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
+
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}:{TESTS.parent}"}
+    command = [sys.executable, "-m", "env_servers", "serve", CAPITALS, "--port", "0", "--drain-seconds", "1"]
+    serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        ready = json.loads(serve.stdout.readline())
+        assert ready["event"] == "serving" and ready["envs"] == [CAPITALS]
+        with grpc.insecure_channel(ready["address"]) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            stub.CreateSession(pb.CreateSessionRequest(env_id=CAPITALS, request_id="c1"), timeout=30)
+        spawned = mcp_children()
+        assert spawned, "the session's MCP server runs under the env server"
+    finally:
+        serve.terminate()
+        serve.wait(30)
+    # An orphan is re-parented away from us: follow the processes themselves, not our descendants.
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in spawned) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in spawned if alive(p)], "no MCP server outlives the env server"

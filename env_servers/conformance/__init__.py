@@ -51,6 +51,7 @@ from env_servers.conformance.rules import (
 )
 from env_servers.conformance.runner import CheckResult, run_conformance
 from env_servers.conformance.target import CheckFailed, Skipped, Suite
+from env_servers.conformance.tools import check_tools
 
 CHECKS = {  # in the order they run; "drain" stops the server, so it is last
     "health": check_health,
@@ -73,6 +74,7 @@ CHECKS = {  # in the order they run; "drain" stops the server, so it is last
     "batch-mixed": check_batch_mixed,
     "stream": check_stream,
     "images": check_images,
+    "tools": check_tools,
     "capacity": check_capacity,
     "idle-reaping": check_idle_reaping,
     "env-crash": check_env_crash,

@@ -35,6 +35,7 @@ CAPABILITIES = (
     "batch-mixed",
     "stream",
     "images",
+    "tools",  # every env takes tool calls: a tool env its own, a text env as bad calls (server/tools.py)
 )  # the optional parts of the protocol served here (env.proto)
 T = TypeVar("T")
 

@@ -9,6 +9,8 @@ Rules (see protos/roll_lightning/protocol/v1/env.proto):
   replays the cached answer instead of running the env again.
 - Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
 - An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
+- A Step's tool calls are checked here before the env sees them, and the env's results after (`tools.py` has
+  the rule for bad calls).
 - An observation is text, or text with images (`env_servers.api.Observation`); one that breaks an image rule is
   never sent: the item fails with INTERNAL naming the rule, and the episode is aborted.
 """
@@ -29,9 +31,17 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from env_servers.api import IMAGE_MARKER, ConfigError, EnvSpec, Observation, TextEnv, config_schema
+from env_servers.api import IMAGE_MARKER, Action, ConfigError, EnvSpec, Observation, TextEnv, config_schema
 from env_servers.images import image_rule_broken
 from env_servers.registry import EnvEntry, get_env
+from env_servers.server.tools import (
+    ToolBox,
+    ToolRuleBroken,
+    bad_call_penalty,
+    check_calls,
+    merge_results,
+    tool_to_proto,
+)
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
@@ -70,6 +80,8 @@ def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
         config_schema=config_schema(entry.config_cls),
         metrics=list(spec.metrics),
     )
+    if spec.tools:
+        msg.tools.extend(tool_to_proto(tool) for tool in spec.tools)
     msg.config.update(_jsonable(config_as_dict(config)))
     return msg
 
@@ -104,6 +116,7 @@ class Session:
     done: str = ""  # "", "terminated", "truncated" or "aborted"
     last_reset: tuple[str, pb.ResetResult] | None = None
     last_step: tuple[str, int, pb.StepResult] | None = None
+    toolbox: ToolBox | None = None  # the env's tools (None: a text env)
 
     @property
     def in_progress(self) -> bool:
@@ -176,8 +189,19 @@ class Session:
                 f"step_index={req.step_index} but the next step of episode {self.episode_id} is {self.steps_taken}",
             )
         start = time.perf_counter()
+        calls = req.action.tool_calls
         try:
-            obs, reward, terminated, truncated, info = self.env.step(text)
+            if self.toolbox is None and not calls:  # a text env's step (the hot path): the text alone
+                obs, reward, terminated, truncated, info = self.env.step(text)
+                results = bad = None
+            else:
+                good, errors = check_calls(calls, self.toolbox)
+                action = text if self.toolbox is None else Action(text, tuple(good))
+                obs, reward, terminated, truncated, info = self.env.step(action)
+                results = merge_results(obs, good, errors)
+                bad = len(good) < len(errors)
+                if bad:
+                    reward = bad_call_penalty(self.env, self.spec)
             reward = float(reward)
             if not math.isfinite(reward):
                 raise ValueError(f"non-finite reward {reward}")
@@ -199,11 +223,17 @@ class Session:
             )
             if images:
                 result.images.extend(images)
+            if results:
+                result.tool_results.extend(results)
+                if bad:
+                    result.action_valid = False
             metrics = info.get("metrics")
             if metrics:
                 target = result.metrics  # item by item: the map's update() is a slow generic Python loop
                 for name, value in metrics.items():
                     target[str(name)] = float(value)
+                if bad and "action_valid" in target:  # the runtime's verdict on the calls overrides the env's
+                    target["action_valid"] = 0.0
             # The env's dict is read, never modified; only keys other than the two lifted out go to `info`.
             if len(info) > ("metrics" in info) + ("action_valid" in info):
                 result.info.update(_jsonable({k: v for k, v in info.items() if k not in _LIFTED}))
@@ -247,6 +277,8 @@ def _env_fault(env_id: str, call: str, exc: Exception) -> str:
     """The INTERNAL message for an env's failure: the image rule it broke, or what it raised."""
     if isinstance(exc, ImageRuleBroken):
         return f"env '{env_id}' {call}: its observation breaks an image rule (never sent): {exc}"
+    if isinstance(exc, ToolRuleBroken):
+        return f"env '{env_id}' {call}: its tool results break the rule (never sent): {exc}"
     return f"env '{env_id}' {call} raised {exc!r}"
 
 
@@ -340,9 +372,10 @@ class SessionTable:
             rng = np.random.default_rng(self._seeds.spawn(1)[0])
         try:
             env, spec = entry.make(config), entry.describe(config)
+            toolbox = ToolBox.of(spec)
         except Exception as exc:
             raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{req.env_id}' failed to start: {exc!r}") from exc
-        session = Session(session_id, entry, config, env, spec, rng)
+        session = Session(session_id, entry, config, env, spec, rng, toolbox=toolbox)
         response = pb.CreateSessionResponse(session_id=session_id, spec=self._spec(entry, config))
         with self._lock:
             self._sessions[session_id] = session

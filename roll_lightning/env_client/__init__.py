@@ -14,8 +14,12 @@ from roll_lightning.env_client.errors import (
 )
 from roll_lightning.env_client.pool import EnvPool
 from roll_lightning.env_client.session import EnvSession, ObservationImage, ResetOutcome, StepOutcome
+from roll_lightning.env_client.tools import ClientTool, ClientToolCall, ClientToolResult, tools_of
 
 __all__ = [
+    "ClientTool",
+    "ClientToolCall",
+    "ClientToolResult",
     "EchoMismatch",
     "EnvClient",
     "EnvOutage",
@@ -28,4 +32,5 @@ __all__ = [
     "ProtocolViolation",
     "ResetOutcome",
     "StepOutcome",
+    "tools_of",
 ]

@@ -3,7 +3,9 @@
 It keeps the protocol bookkeeping out of the caller's way: the current episode id, the next step index, and a
 fresh request id per call (reused for retries inside the client, so a retried Step is replayed, not repeated).
 An observation may carry images (env.proto, "Images"): each stands where the text holds an "<image>" marker, and
-an answer whose marker count is not its image count is refused (`ProtocolViolation`).
+an answer whose marker count is not its image count is refused (`ProtocolViolation`). A tool env's spec lists
+tools (`EnvSession.tools`, `tools_of`); a step may carry tool calls, and an answer without exactly one result per
+call, with its id, in call order, is refused the same way (env.proto, "Tools").
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +21,16 @@ import grpc
 from google.protobuf import json_format
 
 from roll_lightning.env_client.errors import EchoMismatch, EpisodeFailed, ProtocolViolation
+from roll_lightning.env_client.tools import (
+    ClientTool,
+    ClientToolCall,
+    ClientToolResult,
+    check_results,
+    fill_calls,
+    results_of,
+    tools_in,
+    tools_of,
+)
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 if TYPE_CHECKING:
@@ -59,6 +72,7 @@ class StepOutcome:
     env_seconds: float = 0.0
     raw_info: Any = field(default=None, repr=False)  # the protobuf Struct; `info` converts it on first use
     images: tuple[ObservationImage, ...] = ()  # one per IMAGE_MARKER in `observation`, in order
+    tool_results: tuple[ClientToolResult, ...] = ()  # one per tool call of the step, in call order
 
     @functools.cached_property
     def info(self) -> dict[str, Any]:
@@ -109,8 +123,17 @@ class EnvSession:
         self.episode_id, self.step_index = result.episode_id, 0
         return ResetOutcome(result.episode_id, result.seed, result.observation, _to_dict(result, "info"), images)
 
-    async def step(self, action: str) -> StepOutcome:
-        """Send the agent's reply as the next action of the current episode."""
+    @functools.cached_property
+    def tools(self) -> tuple[ClientTool, ...]:
+        """The env's tools (empty for a text env); `tools_of(session.spec)` gives them as OpenAI-style dicts."""
+        try:
+            return tools_in(self.spec)
+        except ValueError as exc:
+            raise ProtocolViolation(str(exc), endpoint=self.address, session_id=self.session_id) from None
+
+    async def step(self, action: str, tool_calls: Sequence[ClientToolCall] = ()) -> StepOutcome:
+        """Send the agent's reply (its text, and the tool calls parsed from it) as the next action of the current
+        episode; the outcome's ``tool_results`` answer the calls, in order."""
         self._check_open()
         if not self.episode_id:
             raise EpisodeFailed(
@@ -126,11 +149,14 @@ class EnvSession:
             request_id=next(self._request_ids),
         )
         request.action.text = action  # cheaper than building an Action message and copying it in
+        if tool_calls:
+            fill_calls(request.action, tool_calls)
         result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
         self._check_echo("session_id", self.session_id, result.session_id)
         self._check_echo("episode_id", self.episode_id, result.episode_id)
         self._check_echo("step_index", self.step_index, result.step_index)
         images = self._images(result)
+        tool_results = self._tool_results(tool_calls, result) if tool_calls or result.tool_results else ()
         self.step_index += 1
         return StepOutcome(
             observation=result.observation,
@@ -142,6 +168,7 @@ class EnvSession:
             env_seconds=result.env_seconds,
             raw_info=result.info if result.HasField("info") else None,
             images=images,
+            tool_results=tool_results,
         )
 
     async def close(self) -> None:
@@ -178,6 +205,16 @@ class EnvSession:
             )
         return tuple(ObservationImage(image.data, image.media_type) for image in images)
 
+    def _tool_results(self, calls: Sequence[ClientToolCall], result: pb.StepResult) -> tuple[ClientToolResult, ...]:
+        broken = check_results(calls, result.tool_results)
+        if broken:
+            raise ProtocolViolation(
+                f"{broken} (env.proto: one result per call, with its id, in call order)",
+                endpoint=self.address,
+                session_id=self.session_id,
+            )
+        return results_of(result.tool_results)
+
     def _check_open(self) -> None:
         if self.closed:
             raise EpisodeFailed(
@@ -190,3 +227,17 @@ class EnvSession:
 
 def _to_dict(message: Any, name: str) -> dict[str, Any]:
     return json_format.MessageToDict(getattr(message, name)) if message.HasField(name) else {}
+
+
+__all__ = [
+    "IMAGE_MARKER",
+    "ClientTool",
+    "ClientToolCall",
+    "ClientToolResult",
+    "EnvSession",
+    "ObservationImage",
+    "ResetOutcome",
+    "StepOutcome",
+    "new_request_id",
+    "tools_of",
+]

@@ -81,7 +81,7 @@ def test_capabilities_a_server_does_not_advertise_are_skipped_not_failed() -> No
     try:
         results, report = run(running.address, "frozenlake")
         assert not outcomes(results, "FAIL"), report
-        unadvertised = {"batch", "batch-mixed", "stream", "images"}
+        unadvertised = {"batch", "batch-mixed", "stream", "images", "tools"}
         assert outcomes(results, "SKIP") == unadvertised | {"capacity", "idle-reaping"} | NEEDS_OPTIONS, report
         assert "does not advertise 'stream'" in results["stream"].detail
     finally:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_lightning.rollout.tool_calls import tool_parser_named
 from roll_lightning.rollout.vision import ImageEncoder, Prompt, PromptImage, tokenize
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -45,6 +46,9 @@ class PromptConfig:
         reply_prefix: text that starts every assistant reply, e.g. ``"<answer>"``: its tokens end the prompt
             (tokenised with the assistant header, so the model sees its natural tokens), are neither sampled nor
             trained on, and stay in the conversation; the env receives prefix + reply.
+        tool_parser: how the model writes tool calls (`tool_calls`: ``hermes`` for Qwen2.5/Hermes-style
+            ``<tool_call>`` blocks, ``none``); used only with envs that list tools, whose list the tokenizer's
+            chat template renders, and whose results come back as ``tool`` messages.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -52,8 +56,10 @@ class PromptConfig:
     instruction_first_turn: bool = True
     history_turns: int = 2
     reply_prefix: str = ""
+    tool_parser: str = "hermes"
 
     def __post_init__(self) -> None:
+        tool_parser_named(self.tool_parser)  # an unknown name says which exist
         try:
             self.turn_template.format(
                 turn=1, observation="", actions_left=1, action_format="", example_action="", max_new_tokens=1
@@ -64,8 +70,13 @@ class PromptConfig:
             raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def render(
+    tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool, tools: list[dict] | None = None
+) -> str:
+    """The chat template's text of ``messages`` (with ``tools``: the template's own rendering of the tool list)."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -82,12 +93,20 @@ class TokenHistory:
     text: str = ""
     encoder: ImageEncoder | None = None
     images: list[PromptImage] = field(default_factory=list)
+    tools: list[dict] | None = None  # the env's tools, rendered by the chat template (None: a text env)
 
     def add_user(self, content: str, reply_prefix: str = "", images: Sequence[PromptImage] = ()) -> Prompt:
-        """Append a user message (holding one ``<image>`` marker per picture of ``images``), the assistant header
-        and ``reply_prefix``; return the ids this added (the prompt delta) with those pictures."""
-        self.messages.append({"role": "user", "content": content})
-        full = render(self.tokenizer, self.messages, generation_prompt=True)
+        """`add_messages` of one user message."""
+        return self.add_messages([{"role": "user", "content": content}], reply_prefix, images)
+
+    def add_messages(
+        self, messages: list[dict[str, str]], reply_prefix: str = "", images: Sequence[PromptImage] = ()
+    ) -> Prompt:
+        """Append messages (tool results, then the user's, holding one ``<image>`` marker per picture of
+        ``images``), the assistant header and ``reply_prefix``; return the ids this added (the prompt delta) with
+        those pictures."""
+        self.messages.extend(messages)
+        full = render(self.tokenizer, self.messages, generation_prompt=True, tools=self.tools)
         if not full.startswith(self.text):
             at = next((i for i, (a, b) in enumerate(zip(full, self.text, strict=False)) if a != b), len(full))
             raise TemplateDriftError(
@@ -125,8 +144,9 @@ def fresh_prompt(
     reply_prefix: str = "",
     images: Sequence[PromptImage] = (),
     encoder: ImageEncoder | None = None,
+    tools: list[dict] | None = None,
 ) -> Prompt:
     """The ids of a whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows), with the pictures
     its markers stand for."""
-    text = render(tokenizer, messages, generation_prompt=True) + reply_prefix
+    text = render(tokenizer, messages, generation_prompt=True, tools=tools) + reply_prefix
     return Prompt(tokenize(tokenizer, text, images, encoder), images)

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
+from roll_lightning.env_client.tools import ClientToolCall, ClientToolResult, tools_of
 from roll_lightning.rollout.chat import PromptConfig, TokenHistory
 from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.layout import Layout, layout_named
+from roll_lightning.rollout.tool_calls import tool_parser_named
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, PromptImage, images_of
 
 LayoutName = Literal["trajectory", "step"]
@@ -24,6 +26,10 @@ EndReason = Literal["terminated", "truncated", "max_turns", "context"]
 
 class ContextBudgetError(ValueError):
     """The first prompt alone does not fit the context budget: no turn could ever be played."""
+
+
+class ToolHistoryError(ValueError):
+    """Step rows without history for a tool env: the model would never see its calls' results."""
 
 
 @dataclass
@@ -41,6 +47,8 @@ class Turn:
     observation_images: tuple[PromptImage, ...] = ()  # the pictures of ``observation`` (what the agent saw)
     reply: str = ""  # the assistant message: the reply prefix (a prompt part, not sampled), then the reply
     reply_prefix: str = ""
+    tool_calls: tuple[ClientToolCall, ...] = ()  # the calls parsed from the reply (tool envs only)
+    tool_results: tuple[ClientToolResult, ...] = ()  # their results, shown to the next prompt as tool messages
     reward: float = 0.0
     action_valid: bool = True
     metrics: dict[str, float] = field(default_factory=dict)
@@ -139,6 +147,14 @@ class EpisodeBuilder:
         self.history = TokenHistory(tokenizer, encoder=vision)
         self.observation = ""
         self.observation_images: tuple[PromptImage, ...] = ()
+        self.tools = tools_of(spec) if spec is not None and getattr(spec, "tools", None) else []
+        self.history.tools = self.tools or None
+        self.calls: tuple[ClientToolCall, ...] = ()  # the last reply's calls, for the env's step
+        if self.tools and self.layout.one_row_per_turn and settings.prompt.history_turns == 0:
+            raise ToolHistoryError(
+                f"env '{episode.env_id}' has tools, but step rows with history_turns 0 never show the model its "
+                "calls' results: set prompt.history_turns >= 1, or use layout trajectory"
+            )
         self.done = False
         self._pending_prompt: list[int] = []
         if settings.prompt.system_prompt:
@@ -221,12 +237,25 @@ class EpisodeBuilder:
             t = self.episode.turns[past]
             messages.append({"role": "user", "content": self.user_message(past, t.observation)})
             messages.append({"role": "assistant", "content": t.reply})
+            messages += tool_messages(t)
         messages.append({"role": "user", "content": self.user_message(turn, self.observation)})
         return messages
+
+    def turn_messages(self, turn: int) -> list[dict[str, str]]:
+        """What a growing conversation adds before turn ``turn``'s reply: the last calls' results, then the
+        observation."""
+        last = tool_messages(self.episode.turns[turn - 1]) if turn else []
+        return [*last, {"role": "user", "content": self.user_message(turn, self.observation)}]
 
     def record_reply(self, generation: Generation, generate_s: float) -> str:
         """Store the reply; return the action text for the env: the reply prefix and the reply's text."""
         reply = self.layout.reply_text(self, list(generation.token_ids))
+        action = self.settings.prompt.reply_prefix + self.tokenizer.decode(
+            generation.token_ids, skip_special_tokens=True
+        )
+        calls = tool_parser_named(self.settings.prompt.tool_parser).parse(action) if self.tools else []
+        turn = len(self.episode.turns)
+        self.calls = tuple(ClientToolCall(f"call_{turn}_{k}", c.name, c.arguments) for k, c in enumerate(calls))
         self.episode.turns.append(
             Turn(
                 prompt_ids=self._pending_prompt,
@@ -241,13 +270,15 @@ class EpisodeBuilder:
                 reply_prefix=self.settings.prompt.reply_prefix,
                 generate_s=generate_s,
                 redone=int(generation.extra.get("redone", 0)),
+                tool_calls=self.calls,
             )
         )
-        return self.settings.prompt.reply_prefix + self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        return action
 
     def record_step(self, outcome: StepOutcome, env_s: float) -> None:
         turn = self.episode.turns[-1]
         turn.reward, turn.action_valid, turn.env_s = outcome.reward, outcome.action_valid, env_s
+        turn.tool_results = outcome.tool_results
         turn.metrics = dict(outcome.metrics)
         self.observation = self.episode.final_observation = outcome.observation
         self.observation_images = self.episode.final_images = self._pictures(outcome)
@@ -282,7 +313,14 @@ async def run_episode(
             generation = await engine.generate(prompt, params, key=episode.traj_key)
         t1 = time.perf_counter()
         action = builder.record_reply(generation, t1 - t0)
-        outcome = await session.step(action)
+        outcome = await session.step(action, builder.calls)
         builder.record_step(outcome, time.perf_counter() - t1)
     episode.wall_s = time.perf_counter() - started
     return episode
+
+
+def tool_messages(turn: Turn) -> list[dict[str, str]]:
+    """A turn's tool results as the chat template's ``tool`` messages, in call order."""
+    return [
+        {"role": "tool", "content": r.content, "name": r.name, "tool_call_id": r.call_id} for r in turn.tool_results
+    ]

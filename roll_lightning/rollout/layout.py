@@ -74,7 +74,7 @@ class Trajectory(Layout):
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
         prefix = builder.settings.prompt.reply_prefix
         history = builder.history
-        added = history.add_user(builder.user_message(turn, builder.observation), prefix, builder.observation_images)
+        added = history.add_messages(builder.turn_messages(turn), prefix, builder.observation_images)
         return added, Prompt(history.ids, history.images)
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
@@ -111,7 +111,7 @@ class Step(Layout):
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
         prompt = fresh_prompt(
             builder.tokenizer, builder.window_messages(turn), builder.settings.prompt.reply_prefix,
-            builder.window_images(turn), builder.vision,
+            builder.window_images(turn), builder.vision, builder.tools or None,
         )  # fmt: skip
         return prompt, prompt
 

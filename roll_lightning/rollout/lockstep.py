@@ -94,7 +94,9 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
             else:
                 actions[i] = playing[i][1].record_reply(reply, t1 - t0)
         stepping = [i for i in actions if members[i][0].index not in failed]
-        outcomes = await asyncio.gather(*(playing[i][0].step(actions[i]) for i in stepping), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(playing[i][0].step(actions[i], playing[i][1].calls) for i in stepping), return_exceptions=True
+        )
         t2 = time.perf_counter()
         for i, outcome in zip(stepping, outcomes, strict=True):
             if isinstance(outcome, RETRYABLE):

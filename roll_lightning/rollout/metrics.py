@@ -63,12 +63,30 @@ def batch_metrics(
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }
+    out.update(tool_metrics(episodes))
     if scheduler.config.tagged:
         for lane in scheduler.lanes:
             out.update(
                 tag_metrics(lane.tag, [m for m, ep in zip(per_episode, episodes, strict=True) if ep.tag == lane.tag])
             )
     return {k: float(v) for k, v in out.items()}
+
+
+def tool_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Tool use in the batch (none when no reply called a tool): calls per turn, the share of calls the env
+    refused (unknown tool, bad JSON, arguments off the schema), and calls per tool."""
+    turns = [t for ep in episodes for t in ep.turns]
+    calls = [c for t in turns for c in t.tool_calls]
+    if not calls:
+        return {}
+    refused = sum(r.is_error for t in turns for r in t.tool_results)
+    out = {
+        "rollout/tool_calls_per_turn": len(calls) / len(turns),
+        "rollout/invalid_tool_call_rate": refused / len(calls),
+    }
+    for name in sorted({c.name or "(unparsed)" for c in calls}):
+        out[f"rollout/tool_calls/{name}"] = float(sum((c.name or "(unparsed)") == name for c in calls))
+    return out
 
 
 # (namespace, name, per-episode key): what each tag of a multi-env run logs, e.g. rollout/sokoban/success_rate

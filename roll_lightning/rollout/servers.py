@@ -16,7 +16,7 @@ from typing import Any
 from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.errors import EndpointRefused
 from roll_lightning.rollout.config import EnvsConfig
-from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder
+from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, ToolHistoryError
 from roll_lightning.rollout.tags import Lane, RolloutConfigError
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
 
@@ -97,7 +97,7 @@ class EnvServers:
             builder.next_request()
         except ContextBudgetError as err:
             raise RolloutConfigError(f"{lane.key}.episode.max_context_tokens: {err}") from err
-        except ImageInputError as err:
+        except (ImageInputError, ToolHistoryError) as err:
             raise RolloutConfigError(f"{lane.key}.env_config={lane.env_config}: {err}") from err
         finally:
             await session.close()

@@ -17,6 +17,7 @@ episodes, and one sample is what a person looks at.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import math
@@ -101,7 +102,8 @@ def episode_record(
     `turn_advantages`; None when unknown). ``images`` (per turn) and ``final_images``: the pictures of
     ``observation`` and ``final_observation``, in ``<image>`` marker order, as ``{"media_type", "data"}`` with
     ``data`` the env's PNG/JPEG bytes in base64 (empty lists for text envs). A turn's ``images`` are what that
-    observation showed, not the earlier turns' pictures its prompt may repeat."""
+    observation showed, not the earlier turns' pictures its prompt may repeat. ``tool_results``: what the
+    turn's tool calls returned (``call_id``, ``name``, ``content``, ``is_error``; empty for text envs)."""
     prompt = None
     if tokenizer is not None and episode.turns:
         prompt = tokenizer.decode(episode.turns[0].prompt_ids, skip_special_tokens=False)
@@ -128,6 +130,7 @@ def episode_record(
                 "images": _pictures(turn.observation_images),
                 "reply": turn.reply,
                 "reply_prefix": turn.reply_prefix,
+                "tool_results": [dataclasses.asdict(r) for r in turn.tool_results],
                 "reward": turn.reward,
                 "action_valid": turn.action_valid,
                 "metrics": turn.metrics,

@@ -115,6 +115,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "images": [],
                 "reply": XSS,
                 "reply_prefix": "",
+                "tool_results": [],
                 "reward": 0.5,
                 "action_valid": True,
                 "metrics": {"success": 0.0, "nan_metric": None},  # NaN is not JSON: the viewer could not parse it
@@ -129,6 +130,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "images": [],
                 "reply": "<answer>Right</answer>",
                 "reply_prefix": "<answer>",
+                "tool_results": [],
                 "reward": 1.0,
                 "action_valid": True,
                 "metrics": {"success": 1.0},

@@ -237,3 +237,31 @@ def test_pictures_in_a_real_browser(served: tuple[str, Path], tokenizer: Any) ->
     ]
     assert report["labels"] == ["picture 1", "picture 1"]
     assert report["titles"] == ["what the agent saw", "after the move"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_tool_results_show_under_the_reply_escaped(tmp_path: Path) -> None:
+    """A tool env's turn in node: each call's result under the reply, its content escaped, a refused call marked."""
+    turn = {
+        "turn": 0, "observation": "What is 2 + 3?", "images": [],
+        "reply": '<tool_call>{"name": "calculate"}</tool_call>', "reply_prefix": "", "reward": -0.1, "action_valid": False, "metrics": {}, "response_tokens": 9,
+        "finish_reason": "stop", "policy_version": 0, "advantage": None,
+        "tool_results": [
+            {"call_id": "call_0_0", "name": "calculate", "content": "<b>5</b>", "is_error": False},
+            {"call_id": "call_0_1", "name": "sqrt", "content": "unknown tool 'sqrt'", "is_error": True},
+        ],
+    }  # fmt: skip
+    episode = {"traj": "calculator/g0/s1/m0", "env_id": "calculator", "seed": 1, "step": 1, "end_reason": "truncated",
+               "score": -0.1, "final_observation": "", "final_images": [], "turns": [turn]}  # fmt: skip
+    (tmp_path / "step_000001.jsonl").write_text(json.dumps(episode) + "\n")
+    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
+    harness = tmp_path / "harness.js"
+    harness.write_text(
+        script + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
+        "console.log(JSON.stringify(renderTurn(eps[0], 0)));\n"
+    )
+    result = subprocess.run(["node", str(harness), str(tmp_path / "step_000001.jsonl")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    html = json.loads(result.stdout)
+    assert "tool results" in html and "&lt;b&gt;5&lt;/b&gt;" in html and "<b>5</b>" not in html
+    assert html.count('badge bad">error') == 1 and "call_0_1" in html

@@ -38,6 +38,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from roll_lightning.env_client.errors import EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.local import LocalServer
 from roll_lightning.env_client.pool import EnvPool
+from roll_lightning.env_client.tools import ClientToolCall
 from roll_lightning.protocol.v1 import env_pb2 as pb
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
@@ -200,6 +201,74 @@ def test_node_grid_picture_conforms_images_included(node_server, second_node_ser
                               report=lines.append)  # fmt: skip
     assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
     assert results["images"].status == "PASS", "\n".join(lines)
+
+
+def test_node_reach_number_conforms_tools_included(node_server, second_node_server):
+    """reach_number acts through tool calls: the tools rule passes (over Step, BatchStep and the Stream)."""
+    from env_servers.conformance import run_conformance
+
+    lines: list[str] = []
+    results = run_conformance(node_server.address, "reach_number", second=second_node_server.address,
+                              report=lines.append)  # fmt: skip
+    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
+    assert results["tools"].status == "PASS", "\n".join(lines)
+
+
+def test_node_text_env_answers_calls_as_bad_calls(node_server):
+    """The tools rule on a text env: a call to guess_number is a normal step, action_valid=false, an error result."""
+    from env_servers.conformance import run_conformance
+
+    lines: list[str] = []
+    results = run_conformance(node_server.address, "guess_number", only=["tools"], report=lines.append)
+    assert results["tools"].status == "PASS", "\n".join(lines)
+
+
+@pytest.mark.parametrize("transport", ["batch", "stream", "unary"])
+async def test_pool_calls_node_tools(node_server, transport):
+    """A valid call and a bad one through the Python client: one result per call, with its id, in order."""
+    async with EnvPool([node_server.address], transport=transport) as pool:
+        session = await pool.open("reach_number", {"target_max": 5, "max_steps": 4})
+        assert [tool.name for tool in session.tools] == ["add", "submit"]
+        assert session.tools[0].parameters["properties"]["n"] == {"type": "integer", "minimum": -10, "maximum": 10}
+        first = await session.reset(seed=7)
+        target = int(first.observation.split()[1].rstrip("."))
+        assert first.info["target"] == target and 1 <= target <= 5
+
+        out = await session.step("", [ClientToolCall("c1", "add", json.dumps({"n": target - 1}))])
+        assert out.action_valid and out.reward == 0.0 and not out.terminated
+        assert [(r.call_id, r.name, r.content, r.is_error) for r in out.tool_results] == [
+            ("c1", "add", f"total is {target - 1}", False)
+        ]
+
+        bad = [ClientToolCall("c1", "add", '{"n": 1}'), ClientToolCall("c2", "add", '{"n": 99}'),
+               ClientToolCall("c3", "nope", "{}"), ClientToolCall("c4", "submit", "{oops")]  # fmt: skip
+        out = await session.step("thinking", bad)
+        assert [r.call_id for r in out.tool_results] == ["c1", "c2", "c3", "c4"]
+        assert [r.is_error for r in out.tool_results] == [False, True, True, True]
+        assert out.tool_results[0].content == f"total is {target}", "the good call still ran"
+        assert "arguments.n must be <= 10" in out.tool_results[1].content
+        assert "unknown tool 'nope'" in out.tool_results[2].content
+        assert "are not JSON" in out.tool_results[3].content
+        assert not out.action_valid and out.reward == pytest.approx(-0.1) and not out.terminated
+
+        out = await session.step("", [ClientToolCall("s", "submit", "{}")])
+        assert out.action_valid and out.reward == 1.0 and out.terminated and out.observation == "Correct."
+        assert [(r.call_id, r.content, r.is_error) for r in out.tool_results] == [("s", "correct", False)]
+        assert (await session.reset(seed=7)).observation == first.observation, "same seed, same target"
+
+
+def test_node_tool_rule_repeated_ids_and_no_calls(stub):
+    """Raw stubs: a repeated id is a bad call for both calls; text alone is a step without results."""
+    sid = create(stub, "reach_number", {"format_penalty": -0.25})
+    ep = reset(stub, sid).episode_id
+    request = pb.StepRequest(session_id=sid, episode_id=ep, step_index=0, request_id="t0")
+    request.action.tool_calls.extend([pb.ToolCall(id="x", name="add", arguments_json='{"n": 1}')] * 2)
+    out = stub.Step(request, timeout=5)
+    assert [r.call_id for r in out.tool_results] == ["x", "x"] and all(r.is_error for r in out.tool_results)
+    assert "used by 2 calls" in out.tool_results[0].content
+    assert not out.action_valid and out.reward == -0.25 and out.observation.startswith("Reply with tool calls")
+    out = step(stub, sid, ep, 1, "just text", rid="t1")
+    assert not out.tool_results and not out.action_valid and out.reward == -0.25
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -520,7 +589,8 @@ def test_oversize_actions_are_refused_cleanly(start):
 def test_server_info_describe_health_and_reflection(node_server, stub):
     info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
     assert info.protocol_version == "v1" and info.server_id == node_server.server_id
-    assert list(info.env_ids) == ["guess_number", "grid_picture", "crashy", "slow"] and info.max_sessions == 4096
+    assert list(info.env_ids) == ["guess_number", "grid_picture", "reach_number", "crashy", "slow"]
+    assert info.max_sessions == 4096
     assert info.implementation.startswith("env_servers-node/") and {"batch", "stream"} <= set(info.capabilities)
     assert create(stub).startswith(f"s{info.server_id}-"), "session ids start with the server id"
     request = pb.DescribeEnvRequest(env_id="guess_number")
@@ -546,10 +616,10 @@ def test_server_info_describe_health_and_reflection(node_server, stub):
 
 
 def test_capabilities_are_exactly_what_is_served(stub):
-    """The header defines "batch", "batch-mixed", "stream" and "images"; BatchStep here ignores `resets`: no
-    "batch-mixed"."""
+    """The header defines "batch", "batch-mixed", "stream", "images" and "tools"; BatchStep here ignores `resets`:
+    no "batch-mixed"."""
     info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
-    assert list(info.capabilities) == ["batch", "stream", "images"]
+    assert list(info.capabilities) == ["batch", "stream", "images", "tools"]
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha"])

@@ -15,7 +15,7 @@ const IMPLEMENTATION = 'env_servers-node/0.1.0';
 const SERVICE_NAME = 'roll_lightning.env.v1.EnvService';
 const MALFORMED = Symbol('malformed');
 // The optional parts served (see the proto header). No "batch-mixed": BatchStep does not run its `resets`.
-const CAPABILITIES = Object.freeze(['batch', 'stream', 'images']); // the optional parts served (env.proto)
+const CAPABILITIES = Object.freeze(['batch', 'stream', 'images', 'tools']); // the optional parts served (env.proto)
 const DRAINING_MESSAGE = 'draining: server is shutting down; use another server';
 
 function deadlineOf(call) {

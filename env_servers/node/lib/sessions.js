@@ -6,6 +6,9 @@
 // - Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
 // - An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
 // - An observation that breaks an image rule (lib/images.js) is never sent: INTERNAL naming the rule.
+// - Tool calls (lib/tools.js): bad calls are answered by the runtime with error results (a normal step,
+//   action_valid=false, the env's bad-call penalty); the env sees the good calls only and must answer each one,
+//   with its id, in order (else INTERNAL naming the rule).
 // Calls to one session are serialised by a per-session promise chain (envs may be async), so two retries
 // racing each other still see a consistent state; a busy session is never reaped.
 
@@ -14,6 +17,7 @@ const { status } = require('@grpc/grpc-js');
 const { ConfigError, parseConfig, configSchema } = require('./config');
 const { ImageRuleBroken, observationParts } = require('./images');
 const { SplitMix64 } = require('./prng');
+const { ToolRuleBroken, badCallPenalty, checkCalls, mergeResults, toolBox, toolsToWire } = require('./tools');
 const { fromStruct, toStruct, stableStringify } = require('./values');
 
 const UINT64_MAX = (1n << 64n) - 1n;
@@ -43,6 +47,9 @@ function envFault(envId, call, err) {
   if (err instanceof ImageRuleBroken) {
     return `env '${envId}' ${call}: its observation breaks an image rule (never sent): ${err.message}`;
   }
+  if (err instanceof ToolRuleBroken) {
+    return `env '${envId}' ${call}: its tool results break the tool rule (never sent): ${err.message}`;
+  }
   return `env '${envId}' ${call} raised ${describeError(err)}`;
 }
 
@@ -58,12 +65,13 @@ function toBigInt(value) {
 const now = () => performance.now() / 1000;
 
 class Session {
-  constructor(sessionId, entry, config, env, spec, rng) {
+  constructor(sessionId, entry, config, env, spec, rng, box = null) {
     this.sessionId = sessionId;
     this.entry = entry;
     this.config = config;
     this.env = env;
     this.spec = spec;
+    this.box = box; // the env's tools (lib/tools.js toolBox), null for a text env
     this.rng = rng;
     this.lastUsed = now();
     this.busy = 0;
@@ -161,19 +169,33 @@ class Session {
         `step_index=${stepIndex} but the next step of episode ${this.episodeId} is ${this.stepsTaken}`,
       );
     }
+    const calls = (req.action && req.action.tool_calls) || [];
+    // A tool env sees the good calls only (possibly none); a text env sees the text, and every call is bad.
+    const checked = calls.length || this.box !== null ? checkCalls(calls, this.box) : null;
+    const badCall = checked !== null && checked.errors.some((error) => error !== null);
     const start = performance.now();
     let result;
     try {
-      let out = this.env.step(text);
+      let out = this.box === null ? this.env.step(text) : this.env.step(text, checked.good);
       if (isThenable(out)) out = await out;
       const [obs, rawReward, terminated, truncated, rawInfo] = out;
-      const reward = Number(rawReward);
+      let reward = Number(rawReward);
       if (!Number.isFinite(reward)) throw new RangeError(`non-finite reward ${rawReward}`);
       const info = { ...(rawInfo || {}) };
       const metrics = info.metrics || {};
       delete info.metrics;
-      const actionValid = 'action_valid' in info ? Boolean(info.action_valid) : true;
+      let actionValid = 'action_valid' in info ? Boolean(info.action_valid) : true;
       delete info.action_valid;
+      let toolResults = null;
+      if (checked !== null) {
+        const given = obs !== null && typeof obs === 'object' ? obs.tool_results : undefined;
+        toolResults = mergeResults(given, checked.good, checked.errors);
+      }
+      if (badCall) {
+        // A reply cannot buy its way out of a bad call: the env's penalty, whatever the good calls earned.
+        actionValid = false;
+        reward = badCallPenalty(this.env, this.spec);
+      }
       const [observation, images] = observationParts(obs);
       result = {
         session_id: this.sessionId,
@@ -187,6 +209,7 @@ class Session {
         env_seconds: (performance.now() - start) / 1000,
       };
       if (images) result.images = images;
+      if (toolResults && toolResults.length) result.tool_results = toolResults;
       const metricEntries = Object.entries(metrics);
       if (metricEntries.length) result.metrics = Object.fromEntries(metricEntries.map(([k, v]) => [k, Number(v)]));
       if (Object.keys(info).length) result.info = toStruct(info);
@@ -268,6 +291,7 @@ class SessionTable {
         config_schema: configSchema(entry.fields),
         config: toStruct(config),
         metrics: [...(s.metrics || [])],
+        tools: toolsToWire(toolBox(s)),
       };
       this.specs.set(key, spec);
     }
@@ -295,13 +319,15 @@ class SessionTable {
     const rng = new SplitMix64(this.seeds.next());
     let env;
     let spec;
+    let box;
     try {
       env = entry.make(config);
       spec = entry.describe(config);
+      box = toolBox(spec);
     } catch (err) {
       throw new ProtocolError(status.INTERNAL, `env '${req.env_id}' failed to start: ${describeError(err)}`);
     }
-    const session = new Session(sessionId, entry, config, env, spec, rng);
+    const session = new Session(sessionId, entry, config, env, spec, rng, box);
     const response = { session_id: sessionId, spec: this.spec(entry, config) };
     this.sessions.set(sessionId, session);
     this.created.set(req.request_id, sessionId);

@@ -4,6 +4,7 @@ Importing this package registers the env id ``webshop``. Modules:
 - `catalogue`: products, goals, splits and the per-process store (`get_catalogue`);
 - `generated`: the default, deterministic catalogue; `original`: the loader for princeton-nlp/WebShop's files;
 - `search`: the shared bm25s index; `reward`: the purchase reward; `env`: pages, actions, rendering, `WebShopEnv`.
+- `tools`: the tools interface (``interface: "tools"``): ``search(query)`` and ``click(target)`` as tool calls.
 
 Serve it with ``python -m env_servers serve webshop``. To use the original data files the operator adds
 ``--env-config 'webshop={"data_dir": "/path/to/webshop/data"}'`` (clients cannot set ``data_dir``).

@@ -17,6 +17,8 @@ list of available actions, as RAGEN/ROLL prompts do. ``max_steps`` replies witho
 with reward 0. Deviation from WebShop's text mode: a selected option value is rendered as "<value> (selected)"
 (WebShop's text mode does not show the selection; its text_rich mode does).
 
+``interface: "tools"`` offers the same actions as the tools ``search(query)`` and ``click(target)`` (`tools.py`).
+
 A session holds only its page state (the goal, at most 50 hit indices, the page, the chosen options); products and
 the search index are read-only and shared by all sessions of the process.
 """
@@ -32,6 +34,7 @@ import numpy as np
 
 from env_servers.api import EnvSpec
 from env_servers.envs.answer import extract_answer
+from env_servers.envs.webshop import tools as webshop_tools
 from env_servers.envs.webshop.catalogue import (
     DEFAULT_SEED,
     SPLITS,
@@ -57,6 +60,7 @@ SUB_PAGES = ("description", "features", "reviews")
 _ACTION_RE = re.compile(r"(search|click)\[(.*)\]", re.DOTALL)
 
 SEARCH, RESULTS, ITEM, SUB, DONE = "search", "results", "item", "sub", "done"
+INTERFACES = ("text", "tools")
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,19 @@ class WebShopConfig:
         },
     )
 
+    interface: str = field(
+        default="text",
+        metadata={"doc": "text: replies are search[...]/click[...] actions; tools: the search and click tools"},
+    )
+    max_calls_per_step: int = field(
+        default=1, metadata={"doc": "tools interface: calls run per step, in order (the rest get an error result)"}
+    )
+
     def __post_init__(self) -> None:
+        if self.interface not in INTERFACES:
+            raise ValueError(f"interface={self.interface!r} must be one of {', '.join(INTERFACES)}")
+        if self.max_calls_per_step < 1:
+            raise ValueError(f"max_calls_per_step={self.max_calls_per_step} must be >= 1")
         if self.split not in SPLITS:
             raise ValueError(f"split={self.split!r} must be one of {', '.join(SPLITS)}")
         if self.max_steps < 1:
@@ -169,14 +185,21 @@ class WebShopEnv:
         return self._render(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.config.interface == "tools":
+            return webshop_tools.tool_step(self, action)
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         self._steps += 1
         parsed = parse_action(action)
         valid = parsed is not None and self._apply(*parsed)
+        return (self._render(), *self._outcome(valid))
+
+    def _outcome(self, valid: bool) -> tuple[float, bool, bool, dict[str, Any]]:
+        """Reward, terminated, truncated and info of the step just taken (a purchase in an invalid step of the
+        tools interface scores the format penalty: a reply cannot buy its way out of a bad call)."""
         reward = 0.0 if valid else self.config.format_penalty
         terminated = self._page == DONE
-        if terminated:
+        if terminated and valid:
             reward = self._last.reward
         truncated = not terminated and self._steps >= self.config.max_steps
         self._done = terminated or truncated
@@ -197,7 +220,7 @@ class WebShopEnv:
             info["goal_asin"] = self.catalogue.products[self.goal.product].asin
             info["chosen_options"] = dict(self._chosen)
             info["reward_breakdown"] = self._last.as_dict()
-        return self._render(), reward, terminated, truncated, info
+        return reward, terminated, truncated, info
 
     # ---------------------------------------------------------------------------------------------- pages
 
@@ -333,6 +356,8 @@ class WebShopEnv:
         ]
 
     def _actions_text(self) -> str:
+        if self.config.interface == "tools":
+            return webshop_tools.actions_text(self)
         if self._page == SEARCH:
             return "search[<query>]"
         if self._page == DONE:
@@ -357,7 +382,7 @@ class WebShopEnv:
             "the episode ends with 0.\n"
             "Answer format: <answer>search[red running shoes]</answer> or <answer>click[buy now]</answer>."
         )
-        return EnvSpec(
+        spec = EnvSpec(
             env_id="webshop",
             version="1",
             instruction=instruction,
@@ -370,3 +395,4 @@ class WebShopEnv:
             splits={name: catalogue.split_size(name) for name in SPLITS},
             metrics=METRICS,
         )
+        return webshop_tools.tool_spec(spec, config) if config.interface == "tools" else spec

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from support.cli import TINY, cli_env, run_cli
 
+from roll_lightning.models import tiny
+
 EVALUATING = [
     "--data.evaluation", '{"episodes": 8, "at_fit_start": true, "during_fit": true}',
     "--trainer.val_check_interval", "2",
@@ -26,7 +28,8 @@ def test_a_piped_run_prints_progress_evaluations_and_where_everything_went(tmp_p
     done = run_cli(*args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.splitlines()
-    assert out[0].startswith("fit: tiny-v2-seed0 (189k weights) on frozenlake, 8 episodes per rollout step, 3 steps")
+    model = f"tiny-v{tiny.RECIPE_VERSION}-seed0"  # the cached folder's name, which says the recipe that built it
+    assert out[0].startswith(f"fit: {model} (189k weights) on frozenlake, 8 episodes per rollout step, 3 steps")
     steps = [line for line in out if line.startswith("step ")]
     assert steps[0].startswith("step 1/3 (33%)") and steps[-1].startswith("step 3/3 (100%)"), out
     assert all(re.search(r"ETA \d+:\d\d \| success \d\.\d\d return -?\d\.\d\d", line) for line in steps)

@@ -12,6 +12,7 @@ there ``decode(ids)`` shows the run where the rendered text shows the marker.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,10 +74,44 @@ class PromptConfig:
 def render(
     tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool, tools: list[dict] | None = None
 ) -> str:
-    """The chat template's text of ``messages`` (with ``tools``: the template's own rendering of the tool list)."""
+    """The chat template's text of ``messages``. With ``tools``, the template's own rendering of the tool list;
+    a template that ignores ``tools`` (SmolLM2's) gets the list in its system turn, in the Hermes format the
+    ``hermes`` parser reads (`TOOLS_SYSTEM`)."""
+    if tools and not renders_tools(tokenizer):
+        messages = with_tools_in_system(messages, tools)
+        tools = None
     return tokenizer.apply_chat_template(
         messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
     )
+
+
+TOOLS_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions. Function signatures within <tools></tools>:\n<tools>\n{tools}\n"
+    "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}'
+    "\n</tool_call>"
+)
+_RENDERS_TOOLS: dict[str, bool] = {}  # chat template text -> whether it shows a tool list it is given
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template shows the ``tools`` it is given (checked once per template)."""
+    template = str(getattr(tokenizer, "chat_template", "") or "")
+    if template not in _RENDERS_TOOLS:
+        probe = [{"type": "function", "function": {"name": "probe_tool_4e1f", "description": "", "parameters": {}}}]
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}], tools=probe, tokenize=False, add_generation_prompt=True
+        )
+        _RENDERS_TOOLS[template] = "probe_tool_4e1f" in text
+    return _RENDERS_TOOLS[template]
+
+
+def with_tools_in_system(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[str, str]]:
+    """``messages`` with the tool list (`TOOLS_SYSTEM`) ending the system message, or as one of its own."""
+    listing = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{listing}"}, *messages[1:]]
+    return [{"role": "system", "content": listing}, *messages]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError, TokenHistory, render
+from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError, TokenHistory, render, renders_tools
 from roll_lightning.rollout.episode import Episode, Turn
 from roll_lightning.rollout.layout import LAYOUTS, STEP, TRAJECTORY, layout_named
 
@@ -127,3 +127,28 @@ def test_trajectory_rows_hold_the_episode_and_step_rows_one_turn_each() -> None:
     ]  # fmt: skip
     assert [list(STEP.turns_of_row(r.step)) for r in steps] == [[0], [1], [2]]
     assert TRAJECTORY.rows(_episode([])) == [] == STEP.rows(_episode([]))
+
+
+def test_a_template_that_ignores_tools_gets_the_list_in_its_system_turn(tokenizer: Any) -> None:
+    """SmolLM2's template ignores ``tools=``: the list then ends the system message, in the Hermes format; a
+    template that renders tools itself (the tiny models', as Qwen2.5's) is left to do so, once."""
+    import copy
+
+    tools = [{"type": "function", "function": {"name": "calculate", "description": "add up", "parameters": {}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3?"}]
+    own = render(tokenizer, messages, generation_prompt=True, tools=tools)
+    assert renders_tools(tokenizer) and own.count('"name": "calculate"') == 1
+    plain = copy.copy(tokenizer)
+    plain.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    assert not renders_tools(plain)
+    text = render(plain, messages, generation_prompt=True, tools=tools)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n") and text.count('"name": "calculate"') == 1
+    assert "<tool_call></tool_call> XML tags" in text and text.endswith(
+        "<|im_start|>user\n2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    alone = render(plain, messages[1:], generation_prompt=False, tools=tools)
+    assert alone.startswith("<|im_start|>system\n# Tools\n")
+    assert render(plain, messages, generation_prompt=True) == render(plain, messages, generation_prompt=True, tools=[])

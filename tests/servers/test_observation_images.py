@@ -18,10 +18,11 @@ import grpc
 import pytest
 import support.image_envs  # noqa: F401  (registers `pictures`)
 from support.image_envs import BROKEN, board_png
+from support.misbehaving import start_misbehaving
 from support.servers import start_server
 
 from env_servers.conformance import CHECKS, run_conformance
-from env_servers.server import EnvServer, RunningServer, ServerConfig
+from env_servers.server import RunningServer
 from env_servers.server.service import EnvService
 from roll_lightning.env_client import EnvPool, ObservationImage, ProtocolViolation
 from roll_lightning.protocol.v1 import env_pb2 as pb
@@ -137,12 +138,7 @@ class DropsImages(EnvService):
 
 
 async def test_the_client_refuses_markers_without_images() -> None:
-    class Server(EnvServer):
-        def __init__(self, config: ServerConfig) -> None:
-            super().__init__(config)
-            self.service = DropsImages(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
-
-    server = Server.run_in_thread(ServerConfig(env_ids=("pictures",), port=0))
+    server = start_misbehaving(DropsImages, env_ids=("pictures",))
     try:
         async with EnvPool([server.address], transport="unary") as pool:
             session = await pool.open("pictures")

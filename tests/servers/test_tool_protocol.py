@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from support.misbehaving import start_misbehaving
 from support.servers import start_server
 
 from env_servers import EnvSpec, register
 from env_servers.api import Action, Observation, Tool, ToolCall, ToolResult
 from env_servers.conformance import CHECKS, run_conformance
-from env_servers.server import EnvServer, RunningServer, ServerConfig
+from env_servers.server import RunningServer
 from env_servers.server.service import EnvService
 from roll_lightning.env_client import ClientToolCall, ClientToolResult, EnvPool, ProtocolViolation, tools_of
 from roll_lightning.protocol.v1 import env_pb2 as pb
@@ -217,12 +218,7 @@ class WrongResults(EnvService):
 
 
 async def test_the_client_refuses_results_that_do_not_match_the_calls() -> None:
-    class Server(EnvServer):
-        def __init__(self, config: ServerConfig) -> None:
-            super().__init__(config)
-            self.service = WrongResults(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
-
-    server = Server.run_in_thread(ServerConfig(env_ids=("tool_echo",), port=0))
+    server = start_misbehaving(WrongResults, env_ids=("tool_echo",))
     try:
         async with EnvPool([server.address], transport="unary") as pool:
             session = await pool.open("tool_echo")
@@ -261,12 +257,7 @@ def test_conformance_fails_a_server_that_refuses_bad_calls_with_an_rpc_error() -
                 raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "unknown tool")
             return super()._step_item(req)
 
-    class Server(EnvServer):
-        def __init__(self, config: ServerConfig) -> None:
-            super().__init__(config)
-            self.service = Refuses(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
-
-    server = Server.run_in_thread(ServerConfig(env_ids=("tool_echo",), port=0))
+    server = start_misbehaving(Refuses, env_ids=("tool_echo",))
     try:
         results = run_conformance(server.address, "tool_echo", only=["tools"], report=lambda line: None)
         assert results["tools"].failed and "INVALID_ARGUMENT" in results["tools"].detail

@@ -257,8 +257,13 @@ def tiny_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
     Each process builds into its own temp dir and renames it into place; rename of a directory is atomic, and the
     loser of a race just discards its copy (both copies are identical anyway).
     """
-    name = "-".join([f"tiny-v{RECIPE_VERSION}", f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
+    name = cache_name(f"tiny-v{RECIPE_VERSION}", seed, kwargs)
     return cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_model(tmp, seed=seed, **kwargs))
+
+
+def cache_name(recipe: str, seed: int, kwargs: dict[str, Any]) -> str:
+    """A cached model folder's name: the recipe and its version, the seed, then every argument, sorted."""
+    return "-".join([recipe, f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
 
 
 def cached_build(final: Path, build: Callable[[Path], Any]) -> Path:

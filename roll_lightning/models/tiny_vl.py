@@ -116,7 +116,7 @@ def build_tiny_vl_model(
 
 def tiny_vl_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
     """`build_tiny_vl_model` once per argument set under ``cache_dir`` (built in a temp dir, renamed in place)."""
-    name = "-".join([f"tiny-vl-v{RECIPE_VERSION}", f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
+    name = tiny.cache_name(f"tiny-vl-v{RECIPE_VERSION}", seed, kwargs)
     return tiny.cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_vl_model(tmp, seed=seed, **kwargs))
 
 

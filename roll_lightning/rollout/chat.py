@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_lightning.rollout.tool_calls import tool_parser_named
+from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
 from roll_lightning.rollout.vision import ImageEncoder, Prompt, PromptImage, tokenize
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -69,6 +69,11 @@ class PromptConfig:
             raise ValueError(f"turn_template: unknown or malformed placeholder {err}") from err
         if self.history_turns < 0:
             raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+
+    @property
+    def reply_parser(self) -> ToolParser:
+        """The `tool_calls.ToolParser` that ``tool_parser`` names."""
+        return tool_parser_named(self.tool_parser)
 
 
 def render(

@@ -17,7 +17,6 @@ from roll_lightning.env_client.tools import ClientToolCall, ClientToolResult, to
 from roll_lightning.rollout.chat import PromptConfig, TokenHistory
 from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.layout import Layout, layout_named
-from roll_lightning.rollout.tool_calls import tool_parser_named
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, PromptImage, images_of
 
 LayoutName = Literal["trajectory", "step"]
@@ -144,11 +143,10 @@ class EpisodeBuilder:
         self.layout = settings.row_layout
         self.stop_ids = stop_ids
         self.vision = vision
-        self.history = TokenHistory(tokenizer, encoder=vision)
+        self.tools = tools_of(spec) if spec is not None and getattr(spec, "tools", None) else []
+        self.history = TokenHistory(tokenizer, encoder=vision, tools=self.tools or None)
         self.observation = ""
         self.observation_images: tuple[PromptImage, ...] = ()
-        self.tools = tools_of(spec) if spec is not None and getattr(spec, "tools", None) else []
-        self.history.tools = self.tools or None
         self.calls: tuple[ClientToolCall, ...] = ()  # the last reply's calls, for the env's step
         if self.tools and self.layout.one_row_per_turn and settings.prompt.history_turns == 0:
             raise ToolHistoryError(
@@ -253,7 +251,7 @@ class EpisodeBuilder:
         action = self.settings.prompt.reply_prefix + self.tokenizer.decode(
             generation.token_ids, skip_special_tokens=True
         )
-        calls = tool_parser_named(self.settings.prompt.tool_parser).parse(action) if self.tools else []
+        calls = self.settings.prompt.reply_parser.parse(action) if self.tools else []
         turn = len(self.episode.turns)
         self.calls = tuple(ClientToolCall(f"call_{turn}_{k}", c.name, c.arguments) for k, c in enumerate(calls))
         self.episode.turns.append(

@@ -245,7 +245,8 @@ def test_tool_results_show_under_the_reply_escaped(tmp_path: Path) -> None:
     turn = {
         "turn": 0, "observation": "What is 2 + 3?", "images": [],
         "reply": '<tool_call>{"name": "calculate"}</tool_call>', "reply_prefix": "", "reward": -0.1,
-        "action_valid": False, "metrics": {}, "response_tokens": 9, "finish_reason": "stop", "policy_version": 0, "advantage": None,
+        "action_valid": False, "metrics": {}, "response_tokens": 9, "finish_reason": "stop", "policy_version": 0,
+        "advantage": None,
         "tool_results": [
             {"call_id": "call_0_0", "name": "calculate", "content": "<b>5</b>", "is_error": False},
             {"call_id": "call_0_1", "name": "sqrt", "content": "unknown tool 'sqrt'", "is_error": True},

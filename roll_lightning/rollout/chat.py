@@ -48,8 +48,9 @@ class PromptConfig:
             (tokenised with the assistant header, so the model sees its natural tokens), are neither sampled nor
             trained on, and stay in the conversation; the env receives prefix + reply.
         tool_parser: how the model writes tool calls (`tool_calls`: ``hermes`` for Qwen2.5/Hermes-style
-            ``<tool_call>`` blocks, ``none``); used only with envs that list tools, whose list the tokenizer's
-            chat template renders, and whose results come back as ``tool`` messages.
+            ``<tool_call>`` blocks, ``llama3_json``, ``mistral``, ``pythonic``, ``none``); used only with envs
+            that list tools, whose list the tokenizer's chat template renders, and whose results come back as
+            ``tool`` messages.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT

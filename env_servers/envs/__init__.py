@@ -1,3 +1,3 @@
 """Built-in environments; importing this package registers them."""
 
-from env_servers.envs import calculator, frozenlake, sokoban, webshop  # noqa: F401
+from env_servers.envs import calculator, frozenlake, lookup, sokoban, webshop  # noqa: F401

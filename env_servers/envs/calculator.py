@@ -18,9 +18,11 @@ from fractions import Fraction
 from typing import Any
 
 from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult
+from env_servers.envs.tool_task import tool_turn
 from env_servers.registry import register
 
 MAX_EXPRESSION = 200  # characters; with no powers, the biggest value stays a few hundred digits
+HINT = "calculate(expression) or answer(value)"  # the calls a reply without one is told it may make
 METRICS = ("action_valid", "success", "tool_calls")
 _FORMS = ("{a} * {b} + {c}", "{a} * {b} - {c}", "({a} + {b}) * {c}", "{a} + {b} * {c}", "({a} - {b}) * {c}")
 _OPERATORS = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y}
@@ -116,7 +118,7 @@ class CalculatorEnv:
             version="1",
             instruction="Answer the arithmetic question. Act only through tool calls: `calculate` evaluates an "
             "expression, `answer` gives your final value (a correct answer ends the task).",
-            action_format="one or more tool calls: calculate(expression) or answer(value)",
+            action_format=f"one or more tool calls: {HINT}",
             example_action='calculate({"expression": "37 * 12 + 5"})',
             max_steps=config.max_steps,
             reward_min=config.format_penalty,
@@ -137,14 +139,8 @@ class CalculatorEnv:
         self.t += 1
         results = tuple(self._run(call.id, call.name, call.arguments) for call in action.tool_calls)
         valid = bool(action.tool_calls)
-        reward = (1.0 if self.done else 0.0) if valid else self.config.format_penalty
-        truncated = not self.done and self.t >= self.config.max_steps
-        left = self.config.max_steps - self.t
-        text = (
-            "Correct."
-            if self.done
-            else ("Reply with tool calls: calculate(expression) or answer(value). " if not valid else "")
-            + f"{left} turn{'s' if left != 1 else ''} left."
+        reward, truncated, text = tool_turn(
+            valid, self.done, self.t, self.config.max_steps, self.config.format_penalty, HINT
         )
         metrics = {"action_valid": float(valid), "success": float(self.done), "tool_calls": float(len(results))}
         info = {"action_valid": valid, "metrics": metrics}

@@ -42,5 +42,5 @@ def test_an_unknown_env_id_is_named_first_without_a_traceback_or_a_summary(tmp_p
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "error" in line]
     assert errors[0].startswith("roll_lightning: error: data.rollout.env_id='nope'"), done.stderr
-    assert "unknown env id 'nope' (known: calculator, frozenlake, sokoban, webshop" in done.stderr
+    assert "unknown env id 'nope' (known: calculator, frozenlake, lookup, sokoban, webshop" in done.stderr
     assert "run:" not in done.stdout  # nothing ran, so there is nothing to point at

@@ -234,10 +234,11 @@ async def test_the_client_refuses_results_that_do_not_match_the_calls() -> None:
         server.stop()
 
 
-def test_conformance_passes_for_the_calculator_and_a_text_env() -> None:
-    servers = [start_server(env_ids=("calculator", "frozenlake"), max_sessions=20, session_ttl_s=2) for _ in range(2)]
+def test_conformance_passes_for_the_tool_envs_and_a_text_env() -> None:
+    envs = ("calculator", "lookup", "frozenlake")
+    servers = [start_server(env_ids=envs, max_sessions=20, session_ttl_s=2) for _ in range(2)]
     try:
-        for env_id in ("calculator", "frozenlake"):
+        for env_id in envs:
             lines: list[str] = []
             results = run_conformance(servers[0].address, env_id, second=servers[1].address, report=lines.append)
             assert set(results) == set(CHECKS)

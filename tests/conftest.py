@@ -33,6 +33,8 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "callbacks/test_progress.py",
     "servers/envs/test_board_images.py",
     "servers/envs/test_calculator.py",
+    "servers/envs/test_lookup.py",
+    "models/test_tiny_tools.py",
     "servers/envs/test_frozenlake.py",
     "servers/envs/test_sokoban.py",
     "servers/test_tool_schema.py",

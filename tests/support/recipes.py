@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config, rollout steps, more arguments)
     "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400, ()),
     "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400, ()),
+    "test_a_chat_model_learns_to_use_tools": ("lookup.yaml", 60, ()),
     # SmolLM2: 32 held-out boards instead of 64, and smaller micro-batches (less memory beside the suite)
     "test_smollm2_learns_the_answer_format": (
         "frozenlake_llm.yaml",

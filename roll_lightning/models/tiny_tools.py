@@ -1,0 +1,178 @@
+"""``tiny-tools``: the tiny chat model taught the Hermes tool-call format, and not the task, offline in minutes.
+
+A pretrained chat model can write a tool call, and use what a tool returns, before RL teaches it which calls a
+task needs. SmolLM2-135M, the one pretrained model available offline, cannot: 5 of 48 lookup replies and 0 of 16
+calculator replies were well-formed calls (docs/benchmarks.md), so it gives RL nothing to reinforce. This builds
+the CPU stand-in for the lookup env (``configs/lookup.yaml``): the tiny BPE model with its own tokenizer (trained
+on lookup conversations) and a chat template with a one-line-per-tool list, fitted by next-token loss on
+episodes of the real env played by a policy that knows the format and not the task: each turn a lookup or an
+answer, evenly; a lookup reads the box asked about half the time (`RIGHT_CALL`), a random box otherwise; an
+answer gives the last code read (a random one before any). What RL adds is which box to read and when to answer.
+
+CLI: ``python -m roll_lightning.models.tiny_tools OUT_DIR [--seed N] [--steps N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from roll_lightning.models.tiny import MESSAGES_TEMPLATE, build_tiny_model, build_tokenizer, cache_name, cached_build
+
+SYSTEM_PROMPT = "Answer the question with tool calls."
+# The tiny model's ChatML with a short tool list: a line per tool, its name, parameters and description (Qwen2.5's
+# full JSON schemas would make up two thirds of every prompt); calls and results as Qwen2.5 writes them.
+CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n' }}{% endif %}"
+    "{{ 'Tools:' }}{% for tool in tools %}{% set f = tool.function if tool.function is defined else tool %}"
+    "{{ '\n' + f.name + '(' + (f.parameters.properties | list | join(', ')) + '): ' + f.description }}"
+    "{% endfor %}"
+    '{{ \'\nCall one as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call><|im_end|>\n\' }}'
+    "{% endif %}" + MESSAGES_TEMPLATE
+)
+RECIPE_VERSION = 1
+RIGHT_CALL = 0.5  # how often the warm-up policy looks up the box it was asked for
+BATCH, LR = 16, 3e-3  # conversations per warm-up update, and the peak learning rate (decayed linearly to 0)
+# The lookup env's settings the warm-up plays with (configs/lookup.yaml uses the same).
+ENV_CONFIG = {"max_steps": 3, "boxes": 9}
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """One call as the Hermes format writes it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def _reply(rng: random.Random, box: int, code: str | None) -> str:
+    """The warm-up policy: a lookup or an answer, evenly; the lookup of the asked box `RIGHT_CALL` of the time
+    (else of a random box); an answer gives the last code looked up (a random code before any)."""
+    if rng.random() < 0.5:
+        return call_text("answer", {"code": int(code) if code else rng.randint(10, 99)})
+    return call_text("lookup", {"box": box if rng.random() < RIGHT_CALL else rng.randint(1, ENV_CONFIG["boxes"])})
+
+
+def episodes(n: int, seed: int) -> list[list[dict[str, str]]]:
+    """``n`` conversations with the lookup env (the real env class), as the trainer's messages."""
+    from env_servers.api import Action, ToolCall
+    from env_servers.envs.lookup import LookupConfig, LookupEnv
+
+    rng, env = random.Random(seed), LookupEnv(LookupConfig(**ENV_CONFIG))
+    out = []
+    for _ in range(n):
+        observation, info = env.reset(rng.randrange(2**31))
+        messages, code = [{"role": "system", "content": SYSTEM_PROMPT}], None
+        for turn in range(ENV_CONFIG["max_steps"]):
+            messages.append({"role": "user", "content": observation})
+            reply = _reply(rng, info["box"], code)
+            messages.append({"role": "assistant", "content": reply})
+            call = json.loads(reply.split("\n")[1])
+            arguments = json.dumps(call["arguments"])
+            obs, _, done, truncated, _ = env.step(Action(reply, (ToolCall(f"call_{turn}_0", call["name"], arguments),)))
+            for r in obs.tool_results:
+                messages.append({"role": "tool", "content": r.content, "name": r.name, "tool_call_id": r.call_id})
+                if r.name == "lookup" and not r.is_error:
+                    code = r.content
+            if done or truncated:
+                break
+            observation = obs.text
+        out.append(messages)
+    return out
+
+
+def lookup_tools() -> list[dict[str, Any]]:
+    from env_servers.envs.lookup import TOOLS
+
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in TOOLS
+    ]
+
+
+def build_tiny_tools_model(out_dir: str | Path, *, seed: int = 0, steps: int = 1500) -> Path:
+    """Build `tiny-tools` into ``out_dir``: tokenizer, random model, then ``steps`` warm-up updates."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tools = lookup_tools()
+    plain = build_tokenizer(512)  # renders the corpus the tool tokenizer is trained on
+    plain.chat_template = CHAT_TEMPLATE
+    corpus = [plain.apply_chat_template(m, tools=tools, tokenize=False) for m in episodes(400, seed=10_000)]
+    tokenizer = build_tokenizer(1024, corpus=corpus)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    out = build_tiny_model(out_dir, seed=seed, hidden_size=128, num_heads=4, vocab_size=1024)
+    tokenizer.save_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.resize_token_embeddings(-(-len(tokenizer) // 64) * 64)
+    rows = [_masked(tokenizer, m, tools) for m in episodes(steps * BATCH, seed=seed)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+    for step in range(steps):
+        loss = _loss(model, rows[step * BATCH : (step + 1) * BATCH], tokenizer.pad_token_id)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.save_pretrained(out)
+    return out
+
+
+def _masked(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict]) -> tuple[Any, Any]:
+    """Token ids of a conversation and a mask of what the model generates: each reply and its end of turn."""
+    import torch
+
+    def ids_of(k: int, generation_prompt: bool = False) -> list[int]:
+        text = tokenizer.apply_chat_template(
+            messages[:k], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    ids, mask = [], []
+    for k, message in enumerate(messages, start=1):
+        if message["role"] == "assistant":
+            prompt = ids_of(k - 1, generation_prompt=True)
+            mask += [False] * (len(prompt) - len(ids))
+            ids = prompt
+        new = ids_of(k)[len(ids) :]
+        if message["role"] == "assistant":  # the reply through <|im_end|>, not the newline the template adds
+            end = new.index(tokenizer.eos_token_id) + 1
+            mask += [True] * end + [False] * (len(new) - end)
+        else:
+            mask += [False] * len(new)
+        ids += new
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def _loss(model: Any, rows: list[tuple[Any, Any]], pad_id: int) -> Any:
+    """Mean next-token loss over the replies' tokens of a right-padded batch of conversations."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    target = torch.zeros((len(rows), width))
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for k, (row, mask) in enumerate(rows):
+        ids[k, : len(row)], target[k, : len(row)], attention[k, : len(row)] = row, mask.float(), 1
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return (losses * target[:, 1:]).sum() / target[:, 1:].sum()
+
+
+def tiny_tools_model(cache_dir: str | Path, seed: int = 0) -> Path:
+    name = cache_name(f"tiny-tools-v{RECIPE_VERSION}", seed, {})
+    return cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_tools_model(tmp, seed=seed))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Build the tiny model that writes tool calls (offline).")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=1500)
+    args = ap.parse_args(argv)
+    print(build_tiny_tools_model(args.out_dir, seed=args.seed, steps=args.steps))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The policy as an OpenAI-compatible chat endpoint, for agent programs trained as they are (issue 33).
+
+An agent talks to ``POST {base}/episodes/{key}/v1/chat/completions``: the episode key is a path segment, so an
+agent needs nothing but a base URL (``url(key)``, which the OpenAI SDKs take as ``base_url``). Each call is
+answered by the rollout engine and recorded (`agent_record`): prompt and reply token ids, log-probs and the
+policy version. A call that extends the episode's conversation keeps its tokens exactly (token in, token out);
+one that does not starts a new segment.
+
+Errors are OpenAI-style (``{"error": {"message", "type", "param", "code"}}``) and touch no other episode: a
+malformed request is 400 naming the field, a missing or wrong token 401, an unknown or finished episode 404, a
+prompt over the context budget or a body over the size limit 413. The server listens on 127.0.0.1 by default;
+bound elsewhere it requires a token (``Authorization: Bearer <token>``, the SDKs' ``api_key``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
+from roll_lightning.rollout.engines.base import GenerationEngine, SamplingParams
+from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Args:
+    host: where to listen (127.0.0.1: this machine only); anywhere else needs ``token``.
+    port: 0 picks a free one.
+    token: the bearer token every call must carry (None: none, loopback only).
+    max_context_tokens: the most tokens a prompt plus its reply may take.
+    max_tokens: the reply budget when a call names none, and the most it may ask for.
+    max_body_bytes: the largest request body.
+    tool_parser: how replies are read into tool calls (`tool_calls`).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    max_context_tokens: int = 4096
+    max_tokens: int = 512
+    max_body_bytes: int = 1 << 20
+    tool_parser: str = "hermes"
+
+    def __post_init__(self) -> None:
+        if self.host not in LOOPBACK and not self.token:
+            raise ValueError(f"endpoint.host {self.host!r} is not loopback: set endpoint.token")
+        tool_parser_named(self.tool_parser)
+
+
+class RequestError(Exception):
+    """An OpenAI-style error answer: the HTTP status, a message, the field it is about."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return JSONResponse(body, status_code=self.status)
+
+
+class AgentEndpoint:
+    """Answers the chat calls of open episodes with ``engine`` and records them."""
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, config: EndpointConfig = EndpointConfig()) -> None:
+        self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        self.parser: ToolParser = tool_parser_named(config.tool_parser)
+        self.stop_ids = {tokenizer.eos_token_id}
+        self.episodes: dict[str, AgentEpisode] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.app = Starlette(routes=[Route("/episodes/{key}/v1/chat/completions", self._chat, methods=["POST"])])
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+        self.base = ""
+
+    async def start(self) -> str:
+        """Listen (on the running loop); return the base URL."""
+        import uvicorn
+
+        c = self.config
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=c.host, port=c.port, log_level="warning"))
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+                raise RuntimeError(f"the agent endpoint did not start on {c.host}:{c.port}")
+            await asyncio.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.base = f"http://{c.host}:{port}"
+        return self.base
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await self._task
+
+    def open(self, key: str | None = None) -> str:
+        """Open an episode; return its key (unguessable when not given)."""
+        key = key or secrets.token_urlsafe(16)
+        if key in self.episodes:
+            raise ValueError(f"episode {key!r} is already open")
+        self.episodes[key] = AgentEpisode(key)
+        return key
+
+    def url(self, key: str) -> str:
+        """The base URL an agent of episode ``key`` gives its OpenAI client."""
+        return f"{self.base}/episodes/{key}/v1"
+
+    def finish(self, key: str) -> AgentEpisode:
+        """Close an episode (later calls are 404) and return its record."""
+        episode = self.episodes[key]
+        episode.finished = True
+        return episode
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        try:
+            self._authorise(request)
+            episode = self.episodes.get(request.path_params["key"])
+            if episode is None or episode.finished:
+                raise RequestError(404, "unknown or finished episode", kind="not_found_error")
+            body = await self._body(request)
+            return JSONResponse(await self._answer(episode, body))
+        except RequestError as error:
+            return error.response()
+
+    def _authorise(self, request: Request) -> None:
+        token = self.config.token
+        if token and not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+            raise RequestError(401, "a missing or wrong bearer token", kind="authentication_error")
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        limit = self.config.max_body_bytes
+        if int(request.headers.get("content-length") or 0) > limit:
+            raise RequestError(413, f"the body is over {limit} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise RequestError(413, f"the body is over {limit} bytes")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body is not a JSON object")
+        return body
+
+    async def _answer(self, episode: AgentEpisode, body: dict[str, Any]) -> dict[str, Any]:
+        messages, tools, params, want_logprobs = self._read(body)
+        async with self._locks.setdefault(episode.key, asyncio.Lock()):  # an episode's calls, one at a time
+            plan = episode.plan(self.tokenizer, messages, tools)
+            prompt = plan.prompt_ids
+            budget = self.config.max_context_tokens - len(prompt)
+            if budget < 1:
+                raise RequestError(413, f"the prompt is {len(prompt)} tokens, over the context budget", "messages")
+            params = params.replace(max_new_tokens=min(params.max_new_tokens, budget))
+            generation = await self.engine.generate(prompt, params, key=episode.key)
+            reply = _assistant_message(self.tokenizer, self.parser, generation.token_ids, self.stop_ids, bool(tools))
+            call = AgentCall(
+                segment=plan.segment,
+                prompt_ids=prompt,
+                reply_ids=list(generation.token_ids),
+                logprobs=list(generation.logprobs),
+                policy_version=generation.policy_version,
+                finish_reason=generation.finish_reason,
+            )
+            episode.record(plan, call, self.stop_ids, reply)  # before the answer is sent: a client gone is fine
+        finish = "tool_calls" if reply.get("tool_calls") else generation.finish_reason
+        choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}
+        if want_logprobs:
+            choice["logprobs"] = {"content": self._token_logprobs(generation.token_ids, generation.logprobs)}
+        return {
+            "id": f"chatcmpl-{episode.key}-{len(episode.calls)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": "policy",
+            "system_fingerprint": f"policy-v{generation.policy_version}",
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(generation.token_ids),
+                "total_tokens": len(prompt) + len(generation.token_ids),
+            },
+        }
+
+    def _read(self, body: dict[str, Any]) -> tuple[list[dict], list[dict] | None, SamplingParams, bool]:
+        """The request's messages, tools, sampling and whether log-probs are wanted; 400 naming a bad field."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "messages must be a non-empty list", "messages")
+        for k, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                raise RequestError(400, f"messages[{k}].role must be one of {', '.join(ROLES)}", f"messages[{k}]")
+            content = m.get("content")
+            if not (content is None or isinstance(content, str) or _text_parts(content)):
+                raise RequestError(400, f"messages[{k}].content must be text", f"messages[{k}].content")
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
+            raise RequestError(400, "tools must be a list of {type: function, function: {name, ...}}", "tools")
+        if body.get("n", 1) != 1:
+            raise RequestError(400, "only n=1 is supported", "n")
+        if body.get("stream"):
+            raise RequestError(400, "streaming is not supported", "stream")
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        budget = body.get("max_completion_tokens", body.get("max_tokens", self.config.max_tokens))
+        checks = {
+            "temperature": (body.get("temperature", 1.0), lambda v: _number(v) and 0 <= v <= 2),
+            "top_p": (body.get("top_p", 1.0), lambda v: _number(v) and 0 < v <= 1),
+            "max_tokens": (budget, lambda v: isinstance(v, int) and 1 <= v <= self.config.max_tokens),
+            "stop": (stop, lambda v: isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
+            "logprobs": (body.get("logprobs", False), lambda v: isinstance(v, bool)),
+        }
+        for name, (value, ok) in checks.items():
+            if not ok(value):
+                raise RequestError(400, f"{name}={value!r} is not allowed", name)
+        params = SamplingParams(
+            max_new_tokens=budget, temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+            stop=tuple(stop),
+        )  # fmt: skip
+        return messages, tools, params, body.get("logprobs", False)
+
+    def _token_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+        out = []
+        for token_id, logprob in zip(token_ids, logprobs, strict=True):
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            out.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+        return out
+
+
+def _assistant_message(
+    tokenizer: Any, parser: ToolParser, token_ids: list[int], stop_ids: set[int], has_tools: bool
+) -> dict[str, Any]:
+    """The reply as an OpenAI assistant message: its text, and the tool calls the parser finds in it (their
+    blocks left in the text, so the conversation the agent sends back renders to the tokens sampled)."""
+    body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls = parser.parse(text) if has_tools else []
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"call_{k}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for k, c in enumerate(calls)
+        ]
+    return message
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text_parts(content: Any) -> bool:
+    return isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content)
+
+
+def _is_tool(tool: Any) -> bool:
+    return isinstance(tool, dict) and isinstance(tool.get("function"), dict) and "name" in tool["function"]
+
+
+__all__ = ["AgentEndpoint", "EndpointConfig", "RequestError", "text_of"]

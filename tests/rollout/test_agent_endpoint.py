@@ -1,0 +1,168 @@
+"""The policy as an OpenAI-compatible chat endpoint (issue 33): the official `openai` client talks to the tiny
+model through it; every call is recorded as the engine sampled it (token ids, log-probs, policy version); a
+conversation that grows keeps its tokens exactly, one that rewrites its history starts a new segment; bad calls
+get OpenAI-style errors that harm no other episode."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+
+pytestmark = pytest.mark.asyncio
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Read a box.", "parameters": {
+    "type": "object", "properties": {"box": {"type": "integer"}}, "required": ["box"]}}}]  # fmt: skip
+
+
+@pytest.fixture
+async def endpoint(model_dir: Path, tokenizer: Any) -> AsyncIterator[AgentEndpoint]:
+    engine = TransformersEngine(model_dir, seed=0)
+    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=16))
+    await served.start()
+    yield served
+    await served.stop()
+    await engine.close()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Callable[..., openai.AsyncOpenAI]]:
+    """Make `openai.AsyncOpenAI` clients for an endpoint's episodes; closed after the test."""
+    made: list[openai.AsyncOpenAI] = []
+
+    def connect(served: AgentEndpoint, key: str, api_key: str = "unused") -> openai.AsyncOpenAI:
+        made.append(openai.AsyncOpenAI(base_url=served.url(key), api_key=api_key, max_retries=0))
+        return made[-1]
+
+    yield connect
+    for made_client in made:
+        await made_client.close()
+
+
+async def test_a_growing_conversation_keeps_its_tokens_and_log_probs_exactly(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    key = endpoint.open()
+    agent = client(endpoint, key)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Play."}, {"role": "user", "content": "Go."}]
+    first = await agent.chat.completions.create(model="policy", messages=messages, logprobs=True, max_tokens=8)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
+    second = await agent.chat.completions.create(model="policy", messages=messages, temperature=0.7)
+
+    record = endpoint.finish(key)
+    one, two = record.calls
+    assert (one.segment, two.segment, len(record.segments)) == (0, 0, 1)
+    # token in, token out: the second prompt is the first prompt, the first reply as sampled, then the new turn
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.reply_ids)] == one.prompt_ids + one.reply_ids
+    assert [t.logprob for t in first.choices[0].logprobs.content] == one.logprobs
+    assert len(one.reply_ids) == first.usage.completion_tokens <= 8 and second.usage.prompt_tokens == len(
+        two.prompt_ids
+    )
+    assert one.policy_version == two.policy_version == 0 and first.system_fingerprint == "policy-v0"
+    with pytest.raises(openai.NotFoundError):  # a finished episode takes no more calls
+        await agent.chat.completions.create(model="policy", messages=messages)
+
+
+async def test_a_rewritten_history_starts_a_new_segment(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    key = endpoint.open()
+    agent = client(endpoint, key)
+    messages = [{"role": "user", "content": "Go."}]
+    first = await agent.chat.completions.create(model="policy", messages=messages)
+    edited = {"role": "assistant", "content": first.choices[0].message.content + " (edited)"}
+    await agent.chat.completions.create(model="policy", messages=[*messages, edited, {"role": "user", "content": "?"}])
+    await agent.chat.completions.create(model="policy", messages=messages)  # started over
+    record = endpoint.finish(key)
+    assert [call.segment for call in record.calls] == [0, 1, 2] and len(record.segments) == 3
+    assert record.calls[2].prompt_ids == record.calls[0].prompt_ids  # the same conversation, rendered afresh
+
+
+async def test_tool_calls_come_back_in_openai_form_and_tool_results_extend_the_segment(
+    endpoint: AgentEndpoint, tokenizer: Any, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    """The tiny model's replies are random text: the calls they hold (likely none) come back in OpenAI form; the
+    template renders the tool list; a tool result the agent adds extends the same segment."""
+    key = endpoint.open()
+    agent = client(endpoint, key)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Which box?"}]
+    first = await agent.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+    reply = first.choices[0].message
+    assert reply.tool_calls is None or all(c.type == "function" for c in reply.tool_calls)
+    messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "call_0", "content": "42"}]
+    await agent.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+    record = endpoint.finish(key)
+    assert [call.segment for call in record.calls] == [0, 0]
+    assert "<tools>" in tokenizer.decode(record.calls[0].prompt_ids)  # the template rendered the tool list
+
+
+async def test_bad_calls_get_openai_errors_and_harm_no_other_episode(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    good, other = endpoint.open(), endpoint.open()
+    agent = client(endpoint, good)
+    ok = [{"role": "user", "content": "Go."}]
+    bad_calls = [
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]"),
+        ({"messages": ok, "n": 2}, 400, "n"),
+        ({"messages": ok, "temperature": -1}, 400, "temperature"),
+        ({"messages": ok, "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"messages": ok, "stream": True}, 400, "stream"),
+        ({"messages": [{"role": "user", "content": "word " * 5000}]}, 413, "messages"),
+    ]
+    async with httpx.AsyncClient(base_url=endpoint.url(good)) as http:
+        for body, status, param in bad_calls:
+            answer = await http.post("/chat/completions", json=body)
+            assert answer.status_code == status, (body, answer.text)
+            assert answer.json()["error"]["param"] == param, answer.text
+        assert (await http.post("/chat/completions", content=b"{oops")).status_code == 400
+        too_big = await http.post("/chat/completions", content=b" " * (2 << 20))
+        assert too_big.status_code == 413
+    unknown = client(endpoint, "no-such-episode")
+    with pytest.raises(openai.NotFoundError):
+        await unknown.chat.completions.create(model="policy", messages=ok)
+    # nothing was recorded for the refused calls, and both episodes still answer
+    assert endpoint.episodes[good].calls == [] and endpoint.episodes[good].segments == []
+    await agent.chat.completions.create(model="policy", messages=ok)
+    await client(endpoint, other).chat.completions.create(model="policy", messages=ok)
+    assert len(endpoint.finish(good).calls) == len(endpoint.finish(other).calls) == 1
+
+
+async def test_bound_beyond_loopback_it_needs_a_token(
+    model_dir: Path, tokenizer: Any, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    with pytest.raises(ValueError, match="not loopback: set endpoint.token"):
+        EndpointConfig(host="0.0.0.0")
+    engine = TransformersEngine(model_dir, seed=0)
+    served = AgentEndpoint(engine, tokenizer, EndpointConfig(token="s3cret", max_context_tokens=2048, max_tokens=4))
+    await served.start()
+    try:
+        key = served.open()
+        ok = [{"role": "user", "content": "Go."}]
+        with pytest.raises(openai.AuthenticationError):
+            await client(served, key, api_key="wrong").chat.completions.create(model="policy", messages=ok)
+        answer = await client(served, key, api_key="s3cret").chat.completions.create(model="policy", messages=ok)
+        assert answer.choices[0].message.role == "assistant"
+    finally:
+        await served.stop()
+        await engine.close()
+
+
+async def test_parallel_calls_of_one_episode_are_answered_one_after_another(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    key = endpoint.open()
+    agent = client(endpoint, key)
+    ok = [{"role": "user", "content": "Go."}]
+    await asyncio.gather(*(agent.chat.completions.create(model="policy", messages=ok) for _ in range(3)))
+    record = endpoint.finish(key)
+    assert len(record.calls) == 3 and [c.segment for c in record.calls] == [0, 1, 2]

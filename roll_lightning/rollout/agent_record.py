@@ -58,6 +58,8 @@ class AgentEpisode:
     calls: list[AgentCall] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     finished: bool = False
+    reward: float | None = None  # what the agent reported (None: not yet)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def plan(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> Plan:
         """The prompt for ``messages``: the last segment extended when they extend it, else a new segment."""

@@ -1,15 +1,17 @@
 """The policy as an OpenAI-compatible chat endpoint, for agent programs trained as they are (issue 33).
 
 An agent talks to ``POST {base}/episodes/{key}/v1/chat/completions``: the episode key is a path segment, so an
-agent needs nothing but a base URL (``url(key)``, which the OpenAI SDKs take as ``base_url``). Each call is
+agent needs nothing but a base URL (``url(key)``, which the OpenAI SDKs take as ``base_url``); it reports its
+reward, once, to ``POST {base}/episodes/{key}/reward`` (``{"reward": 1.0, "metrics": {"success": 1.0}}``). Each call is
 answered by the rollout engine and recorded (`agent_record`): prompt and reply token ids, log-probs and the
 policy version. A call that extends the episode's conversation keeps its tokens exactly (token in, token out);
 one that does not starts a new segment.
 
 Errors are OpenAI-style (``{"error": {"message", "type", "param", "code"}}``) and touch no other episode: a
 malformed request is 400 naming the field, a missing or wrong token 401, an unknown or finished episode 404, a
-prompt over the context budget or a body over the size limit 413. The server listens on 127.0.0.1 by default;
-bound elsewhere it requires a token (``Authorization: Bearer <token>``, the SDKs' ``api_key``).
+prompt over the context budget or a body over the size limit 413, a second reward 409. The server listens on
+127.0.0.1 by default; bound elsewhere it requires a token (``Authorization: Bearer <token>``, the SDKs'
+``api_key``).
 """
 
 from __future__ import annotations
@@ -81,7 +83,12 @@ class AgentEndpoint:
         self.stop_ids = {tokenizer.eos_token_id}
         self.episodes: dict[str, AgentEpisode] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self.app = Starlette(routes=[Route("/episodes/{key}/v1/chat/completions", self._chat, methods=["POST"])])
+        self.app = Starlette(
+            routes=[
+                Route("/episodes/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/episodes/{key}/reward", self._reward, methods=["POST"]),
+            ]
+        )
         self._server: Any = None
         self._task: asyncio.Task | None = None
         self.base = ""
@@ -119,6 +126,10 @@ class AgentEndpoint:
         """The base URL an agent of episode ``key`` gives its OpenAI client."""
         return f"{self.base}/episodes/{key}/v1"
 
+    def reward_url(self, key: str) -> str:
+        """Where an agent of episode ``key`` reports its reward."""
+        return f"{self.base}/episodes/{key}/reward"
+
     def finish(self, key: str) -> AgentEpisode:
         """Close an episode (later calls are 404) and return its record."""
         episode = self.episodes[key]
@@ -128,13 +139,35 @@ class AgentEndpoint:
     async def _chat(self, request: Request) -> JSONResponse:
         try:
             self._authorise(request)
-            episode = self.episodes.get(request.path_params["key"])
-            if episode is None or episode.finished:
-                raise RequestError(404, "unknown or finished episode", kind="not_found_error")
+            episode = self._episode(request)
             body = await self._body(request)
             return JSONResponse(await self._answer(episode, body))
         except RequestError as error:
             return error.response()
+
+    async def _reward(self, request: Request) -> JSONResponse:
+        """``{"reward": number, "metrics": {name: number}}``: the agent's verdict on its episode, once."""
+        try:
+            self._authorise(request)
+            episode = self._episode(request)
+            body = await self._body(request)
+            reward, metrics = body.get("reward"), body.get("metrics", {})
+            if not _number(reward) or reward != reward or abs(reward) == float("inf"):
+                raise RequestError(400, f"reward={reward!r} is not a finite number", "reward")
+            if not isinstance(metrics, dict) or not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
+                raise RequestError(400, "metrics must map names to numbers", "metrics")
+            if episode.reward is not None:
+                raise RequestError(409, "the episode's reward was already reported", "reward", "conflict_error")
+            episode.reward, episode.metrics = float(reward), {k: float(v) for k, v in metrics.items()}
+            return JSONResponse({"ok": True})
+        except RequestError as error:
+            return error.response()
+
+    def _episode(self, request: Request) -> AgentEpisode:
+        episode = self.episodes.get(request.path_params["key"])
+        if episode is None or episode.finished:
+            raise RequestError(404, "unknown or finished episode", kind="not_found_error")
+        return episode
 
     def _authorise(self, request: Request) -> None:
         token = self.config.token

@@ -6,6 +6,8 @@ get OpenAI-style errors that harm no other episode."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
 pytestmark = pytest.mark.asyncio
+AGENTS = Path(__file__).resolve().parent.parent / "support" / "agents"
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Read a box.", "parameters": {
     "type": "object", "properties": {"box": {"type": "integer"}}, "required": ["box"]}}}]  # fmt: skip
@@ -166,3 +169,36 @@ async def test_parallel_calls_of_one_episode_are_answered_one_after_another(
     await asyncio.gather(*(agent.chat.completions.create(model="policy", messages=ok) for _ in range(3)))
     record = endpoint.finish(key)
     assert len(record.calls) == 3 and [c.segment for c in record.calls] == [0, 1, 2]
+
+
+async def test_an_agent_in_node_trains_through_fetch_and_reports_its_reward(endpoint: AgentEndpoint) -> None:
+    """The same calls from another language: two turns with Node's `fetch`, then a reward, from nothing but the
+    URLs in its environment."""
+    key = endpoint.open()
+    env = {**os.environ, "OPENAI_BASE_URL": endpoint.url(key), "OPENAI_API_KEY": "unused",
+           "ROLL_REWARD_URL": endpoint.reward_url(key)}  # fmt: skip
+    agent = await asyncio.create_subprocess_exec(
+        "node", str(AGENTS / "two_turns.mjs"), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(agent.communicate(), timeout=120)  # a hang guard, not a timing
+    assert agent.returncode == 0, err.decode()
+    said = json.loads(out)
+    record = endpoint.finish(key)
+    one, two = record.calls
+    assert (one.segment, two.segment) == (0, 0) and said["logprobs"] == one.logprobs
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.reply_ids)] == one.prompt_ids + one.reply_ids
+    assert said["status"] == 200 and (record.reward, record.metrics) == (said["reward"]["reward"], {"turns": 2.0})
+
+
+async def test_a_reward_is_a_finite_number_reported_once(endpoint: AgentEndpoint) -> None:
+    key = endpoint.open()
+    async with httpx.AsyncClient() as http:
+        url = endpoint.reward_url(key)
+        for body, param in [({"reward": "1"}, "reward"), ({"reward": float("nan")}, "reward"),
+                            ({"reward": 1, "metrics": {"x": "y"}}, "metrics")]:  # fmt: skip
+            answer = await http.post(url, content=json.dumps(body))
+            assert (answer.status_code, answer.json()["error"]["param"]) == (400, param), answer.text
+        assert (await http.post(url, json={"reward": 0.5})).status_code == 200
+        assert (await http.post(url, json={"reward": 1.0})).status_code == 409
+        assert (await http.post(endpoint.reward_url("nope"), json={"reward": 1.0})).status_code == 404
+    assert endpoint.finish(key).reward == 0.5

@@ -81,9 +81,9 @@ def test_smollm2_learns_the_answer_format(learning_recipes: dict[str, Recipe]) -
 def test_a_chat_model_learns_to_use_tools(learning_recipes: dict[str, Recipe]) -> None:
     """`configs/lookup.yaml` cut to its first 60 rollout steps: `tiny-tools` (the tiny model taught the call
     format, not the task) learns to look up the box it is asked about and answer with the code the tool returned,
-    through Hermes tool calls parsed by the trainer and answered by the env. In the benchmark run held-out
-    success rose from 3.1% to 76.6% by step 60, training success from 10% (steps 1-10) to 77% (steps 51-60)
-    (docs/benchmarks.md, "A chat model learns to use tools")."""
+    through Hermes tool calls parsed by the trainer and answered by the env. In two runs held-out success
+    rose from 3.1% to 76.6% and from 15.6% to 73.4% by step 60, training success from 10-15% (steps 1-10) to
+    77-83% (steps 51-60), with 5-6% of calls invalid (docs/benchmarks.md, "A chat model learns to use tools")."""
     evals, train, _ = learning_recipes["test_a_chat_model_learns_to_use_tools"].result()
     (_, before), (_, after) = evals
     assert after - before >= 0.25, evals

@@ -131,8 +131,9 @@ class AgentEndpoint:
         return f"{self.base}/episodes/{key}/reward"
 
     def finish(self, key: str) -> AgentEpisode:
-        """Close an episode (later calls are 404) and return its record."""
-        episode = self.episodes[key]
+        """Close an episode (later calls are 404) and return its record; the endpoint keeps nothing of it."""
+        episode = self.episodes.pop(key)
+        self._locks.pop(key, None)
         episode.finished = True
         return episode
 

@@ -19,7 +19,6 @@ import pytest
 from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
-pytestmark = pytest.mark.asyncio
 AGENTS = Path(__file__).resolve().parent.parent / "support" / "agents"
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Read a box.", "parameters": {

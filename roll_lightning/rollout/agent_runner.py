@@ -1,0 +1,112 @@
+"""One episode played by the user's own agent program: started with the endpoint's URLs, waited for until it
+exits or its deadline passes, and its recorded calls made into an `Episode` of step rows (issue 33).
+
+The agent gets everything through its environment: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what the OpenAI
+SDKs read), ``ROLL_REWARD_URL`` (where it reports its reward) and ``ROLL_TASK`` (JSON: the seed, group and
+member, and the task the config gives). An agent that exits non-zero, outlives its deadline, makes no call or
+reports no reward fails the episode with `AgentFailed` (retried like an env fault), never a silent zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from roll_lightning.rollout.agent_record import AgentEpisode
+from roll_lightning.rollout.endpoint import AgentEndpoint
+from roll_lightning.rollout.episode import Episode, Turn
+
+STDERR_TAIL = 2000  # characters of a failed agent's stderr kept in the error
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """How each episode's agent starts.
+
+    Args:
+        command: the program and its arguments.
+        cwd: its working folder (None: the trainer's).
+        env: more environment variables for it.
+        deadline_s: how long an episode may take before the agent is killed and the episode fails.
+        task: what ``ROLL_TASK`` carries besides the seed, group and member.
+    """
+
+    command: tuple[str, ...]
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    deadline_s: float = 300.0
+    task: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.command or not all(isinstance(part, str) and part for part in self.command):
+            raise ValueError(f"agent.command must be a non-empty list of strings, got {self.command!r}")
+        if self.deadline_s <= 0:
+            raise ValueError(f"agent.deadline_s must be > 0, got {self.deadline_s}")
+
+
+class AgentFailed(RuntimeError):
+    """The agent crashed, hung, made no call or reported no reward."""
+
+    def __init__(self, reason: Literal["crashed", "hung", "no_calls", "no_reward"], detail: str) -> None:
+        super().__init__(f"the agent {reason.replace('_', ' ')}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episode: Episode) -> Episode:
+    """Play ``episode`` with one run of ``agent``; fill in its turns (one per call) and return it."""
+    key = endpoint.open()
+    task = {**agent.task, "seed": episode.seed, "group": episode.group_index, "member": episode.member}
+    env = {
+        **os.environ,
+        **agent.env,
+        "OPENAI_BASE_URL": endpoint.url(key),
+        "OPENAI_API_KEY": endpoint.config.token or "unused",
+        "ROLL_REWARD_URL": endpoint.reward_url(key),
+        "ROLL_TASK": json.dumps(task),
+    }
+    process = await asyncio.create_subprocess_exec(
+        *agent.command, cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(agent.deadline_s):
+            _, stderr = await process.communicate()
+    except TimeoutError:
+        raise AgentFailed("hung", f"still running after {agent.deadline_s} s: killed") from None
+    finally:
+        if process.returncode is None:  # hung, or the episode was cancelled: the agent and its children go
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+        record = endpoint.finish(key)
+    if process.returncode != 0:
+        tail = stderr.decode(errors="replace")[-STDERR_TAIL:]
+        raise AgentFailed("crashed", f"exit status {process.returncode}; its stderr ends: {tail}")
+    return _filled(episode, record)
+
+
+def _filled(episode: Episode, record: AgentEpisode) -> Episode:
+    """The episode with one step row per call: its whole prompt, its reply; the reward on the last."""
+    if not record.calls:
+        raise AgentFailed("no_calls", "it exited without calling the model")
+    if record.reward is None:
+        raise AgentFailed("no_reward", "it exited without reporting a reward")
+    episode.turns = [
+        Turn(
+            prompt_ids=call.prompt_ids,
+            response_ids=call.reply_ids,
+            logprobs=call.logprobs,
+            finish_reason=call.finish_reason,
+            policy_version=call.policy_version,
+            observation=f"segment {call.segment}, call {k}",
+        )
+        for k, call in enumerate(record.calls)
+    ]
+    last = episode.turns[-1]
+    last.reward, last.metrics = record.reward, dict(record.metrics)
+    episode.end_reason = "terminated"
+    return episode

@@ -1,0 +1,72 @@
+"""Episodes played by the user's own agent program (issue 33): a Python agent on the official `openai` client
+becomes an episode of step rows with the exact ids, log-probs and versions the endpoint recorded, and its reward;
+an agent that crashes, hangs, makes no call or reports no reward fails its episode with the reason, killed if
+it still runs, and the endpoint keeps nothing of it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roll_lightning.rollout.agent_runner import AgentCommand, AgentFailed, run_agent_episode
+from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+from roll_lightning.rollout.episode import Episode
+
+AGENT = str(Path(__file__).resolve().parent.parent / "support" / "agents" / "openai_agent.py")
+
+
+@pytest.fixture
+async def endpoint(model_dir: Path, tokenizer: Any) -> AsyncIterator[AgentEndpoint]:
+    engine = TransformersEngine(model_dir, seed=0)
+    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=1024, max_tokens=8))
+    await served.start()
+    yield served
+    await served.stop()
+    await engine.close()
+
+
+async def test_a_python_agent_on_the_openai_client_becomes_an_episode(endpoint: AgentEndpoint) -> None:
+    agent = AgentCommand((sys.executable, AGENT), task={"name": "demo"})
+    episode = await run_agent_episode(endpoint, agent, Episode(group_index=3, member=1, seed=7, env_id="agent"))
+    one, two = episode.turns
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.response_ids)] == one.prompt_ids + one.response_ids
+    assert all(len(t.response_ids) == len(t.logprobs) and 1 <= len(t.response_ids) <= 6 for t in episode.turns)
+    assert (one.reward, two.reward, two.metrics, episode.score) == (0.0, 1.0, {"success": 1.0}, 1.0)  # 7 % 3
+    assert episode.policy_version == 0 and episode.end_reason == "terminated"
+    assert endpoint.episodes == {}  # finished and forgotten
+
+
+@pytest.mark.parametrize(
+    ("command", "reason", "words"),
+    [
+        ((sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"), "crashed", "exit status 3"),
+        ((sys.executable, "-c", "import time; time.sleep(600)"), "hung", "still running after 1.0 s"),
+        ((sys.executable, "-c", "pass"), "no_calls", "without calling the model"),
+    ],
+)
+async def test_an_agent_that_fails_fails_its_episode_with_the_reason(
+    endpoint: AgentEndpoint, command: tuple[str, ...], reason: str, words: str
+) -> None:
+    with pytest.raises(AgentFailed, match=words) as failed:
+        await run_agent_episode(endpoint, AgentCommand(command, deadline_s=1.0), Episode(0, 0, 1, "agent"))
+    assert failed.value.reason == reason and endpoint.episodes == {}
+    if reason == "crashed":
+        assert "boom" in failed.value.detail
+
+
+async def test_an_agent_that_reports_no_reward_is_a_failure_not_a_zero(endpoint: AgentEndpoint) -> None:
+    agent = AgentCommand((sys.executable, AGENT), env={"NO_REWARD": "1"})
+    with pytest.raises(AgentFailed, match="without reporting a reward"):
+        await run_agent_episode(endpoint, agent, Episode(0, 0, 1, "agent"))
+
+
+def test_the_command_is_checked() -> None:
+    with pytest.raises(ValueError, match="agent.command"):
+        AgentCommand(())
+    with pytest.raises(ValueError, match="agent.deadline_s"):
+        AgentCommand(("x",), deadline_s=0)

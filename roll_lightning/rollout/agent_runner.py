@@ -10,16 +10,19 @@ reports no reward fails the episode with `AgentFailed` (retried like an env faul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from roll_lightning.rollout.agent_record import AgentEpisode
-from roll_lightning.rollout.endpoint import AgentEndpoint
 from roll_lightning.rollout.episode import Episode, Turn
+
+if TYPE_CHECKING:  # the endpoint needs starlette and uvicorn; the command is plain config
+    from roll_lightning.rollout.endpoint import AgentEndpoint
 
 STDERR_TAIL = 2000  # characters of a failed agent's stderr kept in the error
 
@@ -80,7 +83,8 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
         raise AgentFailed("hung", f"still running after {agent.deadline_s} s: killed") from None
     finally:
         if process.returncode is None:  # hung, or the episode was cancelled: the agent and its children go
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited just now
+                os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
         record = endpoint.finish(key)
     if process.returncode != 0:

@@ -275,7 +275,7 @@ class EvalConfig:
             shares = [e.episodes or self.episodes for e in entries]
             resolve(entries, shares, episode, "data.evaluation.envs")  # checked here, so errors name these keys
             envs = [
-                TrainEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints, groups=n)
+                TrainEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints, e.agent, groups=n)
                 for e, n in zip(entries, shares, strict=True)
             ]
             total, single = sum(shares), {"env_id": None, "env_config": {}}
@@ -298,7 +298,7 @@ class EvalConfig:
         """The held-out envs: ``envs``, else the training list's envs (none for a single-env run)."""
         if self.envs:
             return list(self.envs)
-        return [EvalEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints) for e in train.envs]
+        return [EvalEnv(e.tag, e.env_id, e.env_config, e.episode, e.endpoints, e.agent) for e in train.envs]
 
 
 def _entry(kind: type[Any], value: Any, key: str) -> Any:

@@ -46,6 +46,8 @@ class EndpointConfig:
     max_tokens: the reply budget when a call names none, and the most it may ask for.
     max_body_bytes: the largest request body.
     tool_parser: how replies are read into tool calls (`tool_calls`).
+    temperature: when set (a training run: its sampling temperature), every call is sampled at it with top_p 1,
+        whatever it asks, so the trainer's log-probs describe the distribution the replies came from.
     """
 
     host: str = "127.0.0.1"
@@ -55,6 +57,7 @@ class EndpointConfig:
     max_tokens: int = 512
     max_body_bytes: int = 1 << 20
     tool_parser: str = "hermes"
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK and not self.token:
@@ -261,10 +264,10 @@ class AgentEndpoint:
         for name, (value, ok) in checks.items():
             if not ok(value):
                 raise RequestError(400, f"{name}={value!r} is not allowed", name)
-        params = SamplingParams(
-            max_new_tokens=budget, temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-            stop=tuple(stop),
-        )  # fmt: skip
+        temperature, top_p = body.get("temperature", 1.0), body.get("top_p", 1.0)
+        if self.config.temperature is not None:
+            temperature, top_p = self.config.temperature, 1.0
+        params = SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, stop=tuple(stop))
         return messages, tools, params, body.get("logprobs", False)
 
     def _token_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:

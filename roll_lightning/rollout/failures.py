@@ -1,6 +1,7 @@
 """`FailurePolicy`: what a failed episode costs, and when failures stop the run.
 
-A failed episode (`EpisodeFailed` from the env client, a turn or episode deadline: `RETRYABLE`) is replayed on
+A failed episode (`EpisodeFailed` from the env client, a turn or episode deadline, an agent's `AgentFailed`:
+`RETRYABLE`) is replayed on
 a fresh session with the same seed, after a backoff that doubles with each failure (at most 30 s, with
 jitter); when its ``episode_retries`` run out its group is dropped and replaced. A failure while no endpoint
 serving the env is up is the outage's fault, not the episode's: it uses no retry and does not count towards
@@ -17,10 +18,11 @@ from collections.abc import Callable
 import grpc
 
 from roll_lightning.env_client import EpisodeFailed, EpisodesKeepFailing
+from roll_lightning.rollout.agent_runner import AgentFailed
 from roll_lightning.rollout.config import RolloutConfig
 from roll_lightning.rollout.lanes import LaneState
 
-RETRYABLE = (EpisodeFailed, TimeoutError)
+RETRYABLE = (EpisodeFailed, TimeoutError, AgentFailed)
 # Session creation refused for these reasons fails the same way everywhere: a config error, not a fault.
 REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 

@@ -21,7 +21,7 @@ class LaneState:
 
     lane: Lane
     position: int  # index in the run's env list (a group's ``lane``)
-    pool: EnvPool
+    pool: EnvPool | None  # None: an agent lane (its episodes need no env server)
     queue: GroupQueue
     sequence: GroupSequence = field(default_factory=GroupSequence)
     demand: int = 0  # groups waiting `get_batch` calls still miss
@@ -33,14 +33,14 @@ class LaneState:
 
     def in_outage(self) -> bool:
         """True while no healthy endpoint serves this lane's env (new sessions wait for one)."""
-        return not self.pool.healthy_endpoints(self.lane.env_id)
+        return self.pool is not None and not self.pool.healthy_endpoints(self.lane.env_id)
 
 
 def lane_states(lanes: tuple[Lane, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int) -> list[LaneState]:
     """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag."""
     if isinstance(pools, EnvPool):
         pools = {lane.tag: pools for lane in lanes}
-    missing = [lane.tag for lane in lanes if lane.tag not in pools]
+    missing = [lane.tag for lane in lanes if lane.tag not in pools and lane.agent is None]
     if missing:
         raise ValueError(f"no env pool for tags {missing}")
-    return [LaneState(lane, i, pools[lane.tag], GroupQueue(max_staleness)) for i, lane in enumerate(lanes)]
+    return [LaneState(lane, i, pools.get(lane.tag), GroupQueue(max_staleness)) for i, lane in enumerate(lanes)]

@@ -118,7 +118,7 @@ def _means(per_episode: list[dict[str, float]]) -> Callable[[str], float]:
 def _pool_counters(scheduler: RolloutScheduler) -> dict[str, float]:
     """The env pools' counters, summed over the distinct pools of the run's envs."""
     totals: dict[str, float] = {}
-    for pool in {id(lane.pool): lane.pool for lane in scheduler.lanes}.values():
+    for pool in {id(lane.pool): lane.pool for lane in scheduler.lanes if lane.pool is not None}.values():
         for name, value in pool.counters().items():
             totals[name] = totals.get(name, 0.0) + float(value)
     return totals

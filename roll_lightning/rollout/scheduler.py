@@ -35,6 +35,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from roll_lightning.env_client import EnvOutage, EnvPool, EnvSession, EpisodeFailed
+from roll_lightning.rollout.agent_lanes import AgentLanes
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
@@ -92,6 +93,7 @@ class RolloutScheduler:
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._producer: asyncio.Task[None] | None = None
+        self.agents = AgentLanes(self, tokenizer)  # endpoints of the agent lanes, started on first use
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -173,6 +175,7 @@ class RolloutScheduler:
         await asyncio.gather(*(s.close() for s in idle), return_exceptions=True)
         for lane in self.lanes:
             lane.idle_sessions.clear()
+        await self.agents.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the run is in its sequence of groups, per env (`GroupLedger`): consumed or dropped groups are
@@ -338,10 +341,14 @@ class RolloutScheduler:
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
-                session = await self.open_session(lane)
-                builder = self.builder(lane, session, episode)
-                async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
-                    result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
+                if lane.lane.agent is not None:  # the user's agent program plays it, through the endpoint
+                    async with asyncio.timeout(self.config.episode_timeout_s):
+                        result = await self.agents.play(lane.lane, episode)
+                else:
+                    session = await self.open_session(lane)
+                    builder = self.builder(lane, session, episode)
+                    async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
+                        result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
             except EnvOutage:
                 self.discard_session(session)
                 raise
@@ -374,7 +381,8 @@ class RolloutScheduler:
             finally:
                 if isinstance(self.engine, EngineRouter):
                     self.engine.release(episode.traj_key)  # its replica slot in the router's balance
-            lane.idle_sessions.append(session)
+            if session is not None:
+                lane.idle_sessions.append(session)
             self.counters["episodes"] += 1
             return result
 

@@ -29,7 +29,7 @@ class EnvServers:
         self.envs, self.lanes = envs, lanes
         self._env_ids: dict[Endpoints, list[str]] = {}
         self._keys: dict[Endpoints, str] = {}  # the config key that sets each set of endpoints
-        for lane in lanes:
+        for lane in (x for x in lanes if x.agent is None):  # an agent lane needs no env server
             where = lane.endpoints_or(envs.endpoints)
             ids = self._env_ids.setdefault(where, [])
             if lane.env_id not in ids:
@@ -40,14 +40,15 @@ class EnvServers:
 
     def pools_for(self, lanes: tuple[Lane, ...]) -> dict[str, EnvPool]:
         """Each lane's pool, by tag (what `RolloutScheduler` takes)."""
-        return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes}
+        return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes if lane.agent is None}
 
     async def start(self, tokenizer: Any, vision: ImageEncoder | None = None) -> None:
         self.pools = {where: self.envs.pool(where, ids) for where, ids in self._env_ids.items()}
         try:
             await asyncio.gather(*(self._start(where, pool) for where, pool in self.pools.items()))
             for lane in self.lanes:
-                await self._probe(lane, tokenizer, vision)
+                if lane.agent is None:
+                    await self._probe(lane, tokenizer, vision)
         except BaseException:
             await self.close()
             raise

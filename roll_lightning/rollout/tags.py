@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from roll_lightning.rollout.agent_runner import AgentCommand
 from roll_lightning.rollout.episode import EpisodeSettings
 from roll_lightning.rollout.layout import LAYOUTS
 
@@ -45,6 +46,10 @@ class EnvEntry:
             ``{max_turns: 8, prompt: {turn_template: "..."}, sampling: {max_new_tokens: 4}}``); the row layout
             is one per run.
         endpoints: where this env's servers are: ``local`` or a list of ``host:port`` (None: ``data.envs.endpoints``).
+        agent: play this entry's episodes with your own agent program instead of an env server:
+            ``{command: [...], cwd, env, deadline_s, task}`` (`agent_runner.AgentCommand`); it talks to the policy
+            through an OpenAI-compatible endpoint and reports its reward (docs/agents.md); ``env_id`` is then only
+            a label. Step rows only.
     """
 
     tag: str
@@ -52,6 +57,7 @@ class EnvEntry:
     env_config: dict[str, Any] = field(default_factory=dict)
     episode: dict[str, Any] = field(default_factory=dict)
     endpoints: str | list[str] | None = None
+    agent: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Lane:
     endpoints: str | tuple[str, ...] | None
     seed_salt: int | None  # None: the single-env form's seeds (unchanged from before tags existed)
     key: str  # the config key naming this entry in messages
+    agent: AgentCommand | None = None  # the agent program that plays its episodes (None: an env server does)
 
     def endpoints_or(self, default: str | list[str]) -> str | tuple[str, ...]:
         """Where this lane's servers are: its own endpoints, else the run's."""
@@ -132,10 +139,32 @@ def resolve(
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise RolloutConfigError(f"{where}.endpoints: '{address}' is not host:port")
+        agent = _agent(entry, settings, where)
         lanes.append(
-            Lane(entry.tag, entry.env_id, dict(entry.env_config), share, settings, endpoints, salt(entry.tag), where)
-        )
+            Lane(
+                entry.tag, entry.env_id, dict(entry.env_config), share, settings, endpoints, salt(entry.tag), where,
+                agent,
+            )
+        )  # fmt: skip
     return tuple(lanes)
+
+
+def _agent(entry: EnvEntry, settings: EpisodeSettings, where: str) -> AgentCommand | None:
+    """The entry's agent command, checked (None: an env entry)."""
+    if entry.agent is None:
+        return None
+    if not isinstance(entry.agent, dict):
+        raise RolloutConfigError(f"{where}.agent must be a mapping: {{command: [...], deadline_s, ...}}")
+    if settings.layout != "step":
+        raise RolloutConfigError(
+            f"{where}.agent: an agent's calls train as step rows: set data.rollout.episode.layout: step"
+        )
+    if entry.endpoints is not None:
+        raise RolloutConfigError(f"{where}.endpoints: an agent entry has no env servers")
+    try:
+        return AgentCommand(**{**entry.agent, "command": tuple(entry.agent.get("command") or ())})
+    except (TypeError, ValueError) as err:
+        raise RolloutConfigError(f"{where}.agent: {err}") from err
 
 
 def check_episode(settings: EpisodeSettings, key: str) -> None:

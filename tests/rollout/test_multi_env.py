@@ -228,6 +228,9 @@ def test_gigpo_step_groups_never_span_two_envs() -> None:
     assert torch.allclose(mixed[:2], alone) and torch.all(mixed[2:] == 0)  # the other env's rows changed nothing
 
 
+STEP = EpisodeSettings(layout="step", max_turns=2)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -248,10 +251,20 @@ def test_gigpo_step_groups_never_span_two_envs() -> None:
         ({"envs": [{**SOKOBAN, "groups": 2, "endpoints": ["nowhere"]}, {**FROZENLAKE, "groups": 1}]},
          r"rollout\.envs\[0\]\.endpoints: 'nowhere' is not host:port"),
         ({"envs": [{**SOKOBAN, "groups": 2}, {**FROZENLAKE, "groupz": 1}]}, r"rollout\.envs\[1\]: .*'groupz'"),
+        ({"envs": [S2, {"tag": "mine", "env_id": "agent", "groups": 1, "agent": {"command": ["x"]}}]},
+         r"rollout\.envs\[1\]\.agent: an agent's calls train as step rows"),
+        ({"envs": [S2, {"tag": "mine", "env_id": "agent", "groups": 1, "agent": {"deadline_s": 5}}], "episode": STEP},
+         r"rollout\.envs\[1\]\.agent: agent\.command must be a non-empty list"),
+        ({"envs": [S2, {"tag": "mine", "env_id": "agent", "groups": 1, "agent": {"command": ["x"], "wait": 1}}],
+          "episode": STEP},
+         r"rollout\.envs\[1\]\.agent: .*'wait'"),
+        ({"envs": [S2, {"tag": "mine", "env_id": "agent", "groups": 1, "agent": ["x"]}]},
+         r"rollout\.envs\[1\]\.agent must be a mapping"),
     ],
     ids=[
         "duplicate-tags", "partition-sum", "some-groups-missing", "uneven-split", "bad-tag", "env-id-and-envs",
         "unknown-episode-key", "mixed-layouts", "context-budget", "bad-sampling", "bad-endpoint", "unknown-entry-key",
+        "agent-trajectory-rows", "agent-no-command", "agent-unknown-key", "agent-not-a-mapping",
     ],
 )  # fmt: skip
 def test_an_impossible_env_list_is_refused_naming_the_key(overrides: dict[str, Any], message: str) -> None:

@@ -1,0 +1,47 @@
+"""The agent lanes of a run: envs whose episodes the user's own agent program plays (``agent:`` on an entry of
+``data.rollout.envs``), each answered by an `AgentEndpoint` of its own on the rollout loop (issue 33)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from roll_lightning.rollout.agent_runner import run_agent_episode
+from roll_lightning.rollout.engines.base import GenerationEngine
+from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.tags import Lane
+
+
+class AgentLanes:
+    """Starts each agent lane's endpoint on first use (answered by ``engine``, the scheduler's gated engine) and
+    plays its episodes."""
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any) -> None:
+        self.engine, self.tokenizer = engine, tokenizer
+        self.endpoints: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+
+    async def play(self, lane: Lane, episode: Episode) -> Episode:
+        assert lane.agent is not None
+        return await run_agent_episode(await self._endpoint(lane), lane.agent, episode)
+
+    async def _endpoint(self, lane: Lane) -> Any:
+        from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+
+        async with self._lock:
+            if lane.tag not in self.endpoints:
+                settings = lane.episode
+                config = EndpointConfig(
+                    max_context_tokens=settings.max_context_tokens,
+                    max_tokens=settings.sampling.max_new_tokens,
+                    tool_parser=settings.prompt.tool_parser,
+                    temperature=settings.sampling.temperature,
+                )
+                endpoint = AgentEndpoint(self.engine, self.tokenizer, config)
+                await endpoint.start()
+                self.endpoints[lane.tag] = endpoint
+            return self.endpoints[lane.tag]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(e.stop() for e in self.endpoints.values()), return_exceptions=True)
+        self.endpoints.clear()

@@ -1,0 +1,60 @@
+"""``fit`` with the user's own agent program beside an env, as users run it (issue 33): an agent written with the
+official `openai` client plays one env's episodes through the policy's chat endpoint, FrozenLake plays the
+other's, both train in one run and it resumes; an agent that keeps crashing stops the run with one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from support.cli import TESTS, TINY, run_cli
+
+AGENT = str(TESTS / "support" / "agents" / "openai_agent.py")
+
+
+def _config(path: Path, command: list[str]) -> str:
+    envs = [
+        {"tag": "agent", "env_id": "agent", "agent": {"command": command, "deadline_s": 120}, "groups": 1},
+        {"tag": "lake", "env_id": "frozenlake", "env_config": {"size": 4}, "groups": 1},
+    ]
+    episode = {"layout": "step", "max_turns": 2, "sampling": {"max_new_tokens": 6}}
+    path.write_text(yaml.safe_dump({"data": {"rollout": {"env_id": None, "envs": envs, "episode": episode}}}))
+    return str(path)
+
+
+def _fit(tmp_path: Path, extra: str, steps: int, *more: str):
+    root = tmp_path / "run"
+    return run_cli(
+        "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
+        "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
+        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: Path) -> None:
+    extra = _config(tmp_path / "agents.yaml", [sys.executable, AGENT])
+    done = _fit(tmp_path, extra, 2)
+    assert done.returncode == 0, done.stderr[-4000:]
+    root = tmp_path / "run"
+    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
+    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    assert logged["rollout/agent/episodes"] > 0 and logged["rollout/lake/episodes"] > 0
+    assert logged["rollout/agent/success_rate"] == 1.0  # what the agent reported
+    dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
+    agent_turns = [len(ep["turns"]) for ep in dumped if ep["tag"] == "agent"]
+    assert agent_turns and set(agent_turns) == {2}  # its two calls, one row each
+
+    done = _fit(tmp_path, extra, 3, "--ckpt_path", "last")  # one more step from the checkpoint
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_an_agent_that_keeps_crashing_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    crash = [sys.executable, "-c", "import sys; sys.exit('no model for me')"]
+    more = ("--data.rollout.episode_retries", "0", "--data.rollout.max_failed_groups_in_a_row", "1")
+    done = _fit(tmp_path, _config(tmp_path / "agents.yaml", crash), 1, *more)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "the agent crashed" in last and "no model for me" in last, last

@@ -125,6 +125,11 @@ class AgentEndpoint:
         self.episodes[key] = AgentEpisode(key)
         return key
 
+    def generating(self, key: str) -> bool:
+        """True while a call of episode ``key`` is being answered."""
+        lock = self._locks.get(key)
+        return lock is not None and lock.locked()
+
     def url(self, key: str) -> str:
         """The base URL an agent of episode ``key`` gives its OpenAI client."""
         return f"{self.base}/episodes/{key}/v1"

@@ -201,3 +201,30 @@ async def test_a_reward_is_a_finite_number_reported_once(endpoint: AgentEndpoint
         assert (await http.post(url, json={"reward": 1.0})).status_code == 409
         assert (await http.post(endpoint.reward_url("nope"), json={"reward": 1.0})).status_code == 404
     assert endpoint.finish(key).reward == 0.5
+
+
+async def test_a_client_that_leaves_mid_reply_leaves_a_consistent_record(
+    model_dir: Path, tokenizer: Any, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    """The reply it left is recorded whole or not at all; the episode goes on (the agent never saw that reply,
+    so its next call starts a new segment)."""
+    engine = TransformersEngine(model_dir, seed=0)
+    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=256))
+    await served.start()
+    try:
+        key = served.open()
+        ok = [{"role": "user", "content": "Go."}]
+        async with httpx.AsyncClient(timeout=0.02) as http:  # gone long before 256 tokens are sampled
+            with pytest.raises(httpx.TimeoutException):
+                await http.post(f"{served.url(key)}/chat/completions", json={"messages": ok, "max_tokens": 256})
+        await asyncio.sleep(0.1)
+        while served.generating(key):  # the abandoned reply, if its generation goes on, is finished first
+            await asyncio.sleep(0.05)
+        left = list(served.episodes[key].calls)
+        assert left == [] or (len(left) == 1 and len(left[0].reply_ids) == len(left[0].logprobs) > 4)
+        await client(served, key).chat.completions.create(model="policy", messages=ok, max_tokens=4)
+        record = served.finish(key)
+        assert len(record.calls) == len(left) + 1 and [c.segment for c in record.calls] == list(range(len(left) + 1))
+    finally:
+        await served.stop()
+        await engine.close()

@@ -10,6 +10,7 @@ suite's own processes always come first) and the learning tests, run last, colle
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,26 @@ RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config
     "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400, ()),
     "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400, ()),
     "test_a_chat_model_learns_to_use_tools": ("lookup.yaml", 60, ()),
+    # the agent's path made absolute: the run's working folder is the recipe's own
+    "test_a_policy_learns_through_the_users_agent_program": (
+        "agent.yaml",
+        60,
+        (
+            "--data.rollout.envs",
+            json.dumps(
+                [
+                    {
+                        "tag": "goal",
+                        "env_id": "goal-agent",
+                        "agent": {
+                            "command": [sys.executable, str(ROOT / "examples" / "agents" / "goal_agent.py")],
+                            "deadline_s": 60,
+                        },
+                    }
+                ]
+            ),
+        ),
+    ),
     # SmolLM2: 32 held-out boards instead of 64, and smaller micro-batches (less memory beside the suite)
     "test_smollm2_learns_the_answer_format": (
         "frozenlake_llm.yaml",

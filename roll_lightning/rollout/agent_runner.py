@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -93,6 +95,12 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
     return _filled(episode, record)
 
 
+def prompt_state(prompt_ids: list[int]) -> str:
+    """A call's state for GiGPO's step groups: its whole prompt, so members' calls that saw the same conversation
+    (the same task, the same replies so far) are compared with each other."""
+    return "prompt " + hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=12).hexdigest()
+
+
 def _filled(episode: Episode, record: AgentEpisode) -> Episode:
     """The episode with one step row per call: its whole prompt, its reply; the reward on the last."""
     if not record.calls:
@@ -106,9 +114,9 @@ def _filled(episode: Episode, record: AgentEpisode) -> Episode:
             logprobs=call.logprobs,
             finish_reason=call.finish_reason,
             policy_version=call.policy_version,
-            observation=f"segment {call.segment}, call {k}",
+            observation=prompt_state(call.prompt_ids),
         )
-        for k, call in enumerate(record.calls)
+        for call in record.calls
     ]
     last = episode.turns[-1]
     last.reward, last.metrics = record.reward, dict(record.metrics)

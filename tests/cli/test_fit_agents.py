@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from support.cli import TESTS, TINY, run_cli
+from support.cli import TESTS, TINY, dumped_groups, run_cli
 
 AGENT = str(TESTS / "support" / "agents" / "openai_agent.py")
 
@@ -49,6 +49,10 @@ def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: P
 
     done = _fit(tmp_path, extra, 3, "--ckpt_path", "last")  # one more step from the checkpoint
     assert done.returncode == 0, done.stderr[-4000:]
+    groups = dumped_groups(root)  # the agent's groups and the env's: each trained once, none skipped
+    assert sorted(groups) == [1, 2, 3] and all(len(g) == 2 for g in groups.values())
+    trained = [group for step in groups.values() for group in step]
+    assert len(trained) == len(set(trained))
 
 
 def test_an_agent_that_keeps_crashing_stops_the_run_in_one_line(tmp_path: Path) -> None:

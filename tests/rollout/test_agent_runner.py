@@ -39,6 +39,10 @@ async def test_a_python_agent_on_the_openai_client_becomes_an_episode(endpoint: 
     assert (one.reward, two.reward, two.metrics, episode.score) == (0.0, 1.0, {"success": 1.0}, 1.0)  # 7 % 3
     assert episode.policy_version == 0 and episode.end_reason == "terminated"
     assert endpoint.episodes == {}  # finished and forgotten
+    # GiGPO's state: the prompt. Another member on the same task saw the same first prompt, not the same second
+    other = await run_agent_episode(endpoint, agent, Episode(group_index=3, member=2, seed=7, env_id="agent"))
+    assert other.turns[0].observation == one.observation != two.observation
+    assert (other.turns[1].observation == two.observation) == (other.turns[1].prompt_ids == two.prompt_ids)
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,12 @@ class AgentLanes:
 
         async with self._lock:
             if lane.tag not in self.endpoints:
-                settings = lane.episode
+                agent, settings = lane.agent, lane.episode
+                assert agent is not None
                 config = EndpointConfig(
+                    host=agent.listen,
+                    advertise=agent.advertise,
+                    token=agent.token,
                     max_context_tokens=settings.max_context_tokens,
                     max_tokens=settings.sampling.max_new_tokens,
                     tool_parser=settings.prompt.tool_parser,

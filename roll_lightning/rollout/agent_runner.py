@@ -39,6 +39,11 @@ class AgentCommand:
         env: more environment variables for it.
         deadline_s: how long an episode may take before the agent is killed and the episode fails.
         task: what ``ROLL_TASK`` carries besides the seed, group and member.
+        listen: where the lane's chat endpoint listens (127.0.0.1: agents on this machine only; anywhere else
+            needs ``token``).
+        advertise: the host agents are told to reach it at (None: ``listen``), e.g. this machine's address when
+            it listens on 0.0.0.0.
+        token: the bearer token every call must carry (agents get it as ``OPENAI_API_KEY``).
     """
 
     command: tuple[str, ...]
@@ -46,12 +51,17 @@ class AgentCommand:
     env: Mapping[str, str] = field(default_factory=dict)
     deadline_s: float = 300.0
     task: Mapping[str, Any] = field(default_factory=dict)
+    listen: str = "127.0.0.1"
+    advertise: str | None = None
+    token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command or not all(isinstance(part, str) and part for part in self.command):
             raise ValueError(f"agent.command must be a non-empty list of strings, got {self.command!r}")
         if self.deadline_s <= 0:
             raise ValueError(f"agent.deadline_s must be > 0, got {self.deadline_s}")
+        if self.listen not in ("127.0.0.1", "localhost", "::1") and not self.token:
+            raise ValueError(f"agent.listen={self.listen!r} is not loopback: set agent.token")
 
 
 class AgentFailed(RuntimeError):

@@ -40,6 +40,8 @@ ROLES = ("system", "user", "assistant", "tool")
 class EndpointConfig:
     """Args:
     host: where to listen (127.0.0.1: this machine only); anywhere else needs ``token``.
+    advertise: the host in the URLs handed to agents (None: ``host``), e.g. this machine's address when it
+        listens on 0.0.0.0.
     port: 0 picks a free one.
     token: the bearer token every call must carry (None: none, loopback only).
     max_context_tokens: the most tokens a prompt plus its reply may take.
@@ -51,6 +53,7 @@ class EndpointConfig:
     """
 
     host: str = "127.0.0.1"
+    advertise: str | None = None
     port: int = 0
     token: str | None = None
     max_context_tokens: int = 4096
@@ -109,7 +112,8 @@ class AgentEndpoint:
                 raise RuntimeError(f"the agent endpoint did not start on {c.host}:{c.port}")
             await asyncio.sleep(0.01)
         port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.base = f"http://{c.host}:{port}"
+        host = c.advertise or c.host
+        self.base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         return self.base
 
     async def stop(self) -> None:

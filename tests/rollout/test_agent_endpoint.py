@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,8 @@ async def test_bound_beyond_loopback_it_needs_a_token(
     with pytest.raises(ValueError, match="not loopback: set endpoint.token"):
         EndpointConfig(host="0.0.0.0")
     engine = TransformersEngine(model_dir, seed=0)
-    served = AgentEndpoint(engine, tokenizer, EndpointConfig(token="s3cret", max_context_tokens=2048, max_tokens=4))
+    everywhere = EndpointConfig(host="0.0.0.0", advertise="127.0.0.1", token="s3cret", max_context_tokens=2048)
+    served = AgentEndpoint(engine, tokenizer, replace(everywhere, max_tokens=4))
     await served.start()
     try:
         key = served.open()

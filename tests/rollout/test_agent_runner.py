@@ -74,3 +74,6 @@ def test_the_command_is_checked() -> None:
         AgentCommand(())
     with pytest.raises(ValueError, match="agent.deadline_s"):
         AgentCommand(("x",), deadline_s=0)
+    with pytest.raises(ValueError, match="agent.listen='0.0.0.0' is not loopback: set agent.token"):
+        AgentCommand(("x",), listen="0.0.0.0")
+    assert AgentCommand(("x",), listen="0.0.0.0", advertise="10.0.0.5", token="t").advertise == "10.0.0.5"

@@ -15,11 +15,13 @@ from support.cli import TESTS, TINY, dumped_groups, run_cli
 AGENT = str(TESTS / "support" / "agents" / "openai_agent.py")
 
 
-def _config(path: Path, command: list[str]) -> str:
+def _config(path: Path, command: list[str], lake: bool = True) -> str:
     envs = [
         {"tag": "agent", "env_id": "agent", "agent": {"command": command, "deadline_s": 120}, "groups": 1},
         {"tag": "lake", "env_id": "frozenlake", "env_config": {"size": 4}, "groups": 1},
     ]
+    if not lake:  # the agent's groups alone
+        envs = [{**envs[0], "groups": 2}]
     episode = {"layout": "step", "max_turns": 2, "sampling": {"max_new_tokens": 6}}
     path.write_text(yaml.safe_dump({"data": {"rollout": {"env_id": None, "envs": envs, "episode": episode}}}))
     return str(path)
@@ -36,7 +38,8 @@ def _fit(tmp_path: Path, extra: str, steps: int, *more: str):
 
 def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: Path) -> None:
     extra = _config(tmp_path / "agents.yaml", [sys.executable, AGENT])
-    ahead = ("--data.rollout.max_staleness", "1")  # groups may start a version ahead, as env groups do
+    # groups may start a version ahead, as env groups do; GiGPO's step groups: calls with the same prompt
+    ahead = ("--data.rollout.max_staleness", "1", "--model.algorithm.estimator", "gigpo")
     done = _fit(tmp_path, extra, 2, *ahead)
     assert done.returncode == 0, done.stderr[-4000:]
     root = tmp_path / "run"
@@ -63,3 +66,14 @@ def test_an_agent_that_keeps_crashing_stops_the_run_in_one_line(tmp_path: Path) 
     assert done.returncode != 0 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "the agent crashed" in last and "no model for me" in last, last
+
+
+def test_a_group_filter_sorts_agent_groups_as_it_sorts_env_groups(tmp_path: Path) -> None:
+    """The agent reports the same reward to every member of a group (its reward depends on the seed alone): the
+    zero-variance filter rejects each such group, plays the extra groups it may, then completes the batch."""
+    more = ("--data.rollout.group_filter.kind", "zero_variance", "--data.rollout.group_filter.max_extra_groups", "1")
+    done = _fit(tmp_path, _config(tmp_path / "agents.yaml", [sys.executable, AGENT], lake=False), 1, *more)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (metrics,) = (tmp_path / "run").glob("lightning_logs/version_0/metrics.csv")
+    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    assert logged["rollout/groups_filtered"] >= 1 and logged["rollout/agent/episodes"] > 0

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the endpoint needs starlette and uvicorn; the command is pl
     from roll_lightning.rollout.endpoint import AgentEndpoint
 
 STDERR_TAIL = 2000  # characters of a failed agent's stderr kept in the error
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts an endpoint may listen on without a token
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class AgentCommand:
             raise ValueError(f"agent.command must be a non-empty list of strings, got {self.command!r}")
         if self.deadline_s <= 0:
             raise ValueError(f"agent.deadline_s must be > 0, got {self.deadline_s}")
-        if self.listen not in ("127.0.0.1", "localhost", "::1") and not self.token:
+        if self.listen not in LOOPBACK and not self.token:
             raise ValueError(f"agent.listen={self.listen!r} is not loopback: set agent.token")
 
 

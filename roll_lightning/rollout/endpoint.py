@@ -29,10 +29,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
+from roll_lightning.rollout.agent_runner import LOOPBACK
+from roll_lightning.rollout.chat import reply_body
 from roll_lightning.rollout.engines.base import GenerationEngine, SamplingParams
 from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -292,8 +293,7 @@ def _assistant_message(
 ) -> dict[str, Any]:
     """The reply as an OpenAI assistant message: its text, and the tool calls the parser finds in it (their
     blocks left in the text, so the conversation the agent sends back renders to the tokens sampled)."""
-    body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
-    text = tokenizer.decode(body, skip_special_tokens=False)
+    text = reply_body(tokenizer, token_ids, stop_ids)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     calls = parser.parse(text) if has_tools else []
     if calls:

@@ -1,12 +1,11 @@
 """`FailurePolicy`: what a failed episode costs, and when failures stop the run.
 
 A failed episode (`EpisodeFailed` from the env client, a turn or episode deadline, an agent's `AgentFailed`:
-`RETRYABLE`) is replayed on
-a fresh session with the same seed, after a backoff that doubles with each failure (at most 30 s, with
-jitter); when its ``episode_retries`` run out its group is dropped and replaced. A failure while no endpoint
-serving the env is up is the outage's fault, not the episode's: it uses no retry and does not count towards
-``max_failed_groups_in_a_row``, and the replay waits in `EnvPool.open` (whose `EnvOutage` ends the run after
-``envs.outage_timeout_s``). ``max_failed_groups_in_a_row`` dropped groups in a row stop the run with
+`RETRYABLE`) is replayed on a fresh session with the same seed, after a backoff that doubles with each failure
+(at most 30 s, with jitter); when its ``episode_retries`` run out its group is dropped and replaced. A failure
+while no endpoint serving the env is up is the outage's fault, not the episode's: it uses no retry and does not
+count towards ``max_failed_groups_in_a_row``, and the replay waits in `EnvPool.open` (whose `EnvOutage` ends the
+run after ``envs.outage_timeout_s``). ``max_failed_groups_in_a_row`` dropped groups in a row stop the run with
 `EpisodesKeepFailing`, so `get_batch` raises rather than waits forever.
 """
 

@@ -26,10 +26,10 @@ Endpoints = str | tuple[str, ...]
 class EnvServers:
     def __init__(self, envs: EnvsConfig, lanes: list[Lane]) -> None:
         """``lanes``: every env the run plays (training and evaluation); ``lane.key`` names it in messages."""
-        self.envs, self.lanes = envs, lanes
+        self.envs, self.lanes = envs, [lane for lane in lanes if lane.agent is None]  # agent lanes need no server
         self._env_ids: dict[Endpoints, list[str]] = {}
         self._keys: dict[Endpoints, str] = {}  # the config key that sets each set of endpoints
-        for lane in (x for x in lanes if x.agent is None):  # an agent lane needs no env server
+        for lane in self.lanes:
             where = lane.endpoints_or(envs.endpoints)
             ids = self._env_ids.setdefault(where, [])
             if lane.env_id not in ids:
@@ -47,8 +47,7 @@ class EnvServers:
         try:
             await asyncio.gather(*(self._start(where, pool) for where, pool in self.pools.items()))
             for lane in self.lanes:
-                if lane.agent is None:
-                    await self._probe(lane, tokenizer, vision)
+                await self._probe(lane, tokenizer, vision)
         except BaseException:
             await self.close()
             raise

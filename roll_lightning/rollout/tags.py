@@ -47,10 +47,9 @@ class EnvEntry:
             is one per run.
         endpoints: where this env's servers are: ``local`` or a list of ``host:port`` (None: ``data.envs.endpoints``).
         agent: play this entry's episodes with your own agent program instead of an env server:
-            ``{command: [...], cwd, env, deadline_s, task, listen, advertise, token}``
-            (`agent_runner.AgentCommand`); it talks to the policy
-            through an OpenAI-compatible endpoint and reports its reward (docs/agents.md); ``env_id`` is then only
-            a label. Step rows only.
+            ``{command: [...], cwd, env, deadline_s, task, listen, advertise, token}`` (`agent_runner.AgentCommand`);
+            it talks to the policy through an OpenAI-compatible endpoint and reports its reward (docs/agents.md);
+            ``env_id`` is then only a label. Step rows only.
     """
 
     tag: str

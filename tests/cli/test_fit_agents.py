@@ -4,13 +4,12 @@ other's, both train in one run and it resumes; an agent that keeps crashing stop
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
 
 import yaml
-from support.cli import TESTS, TINY, dumped_groups, run_cli
+from support.cli import TESTS, dumped_groups, fit_tiny, logged_metrics
 
 AGENT = str(TESTS / "support" / "agents" / "openai_agent.py")
 
@@ -27,31 +26,21 @@ def _config(path: Path, command: list[str], lake: bool = True) -> str:
     return str(path)
 
 
-def _fit(tmp_path: Path, extra: str, steps: int, *more: str):
-    root = tmp_path / "run"
-    return run_cli(
-        "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
-        "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
-        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
-    )  # fmt: skip
-
-
 def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: Path) -> None:
     extra = _config(tmp_path / "agents.yaml", [sys.executable, AGENT])
     # groups may start a version ahead, as env groups do; GiGPO's step groups: calls with the same prompt
     ahead = ("--data.rollout.max_staleness", "1", "--model.algorithm.estimator", "gigpo")
-    done = _fit(tmp_path, extra, 2, *ahead)
+    done = fit_tiny(tmp_path, extra, 2, *ahead)
     assert done.returncode == 0, done.stderr[-4000:]
     root = tmp_path / "run"
-    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
-    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    logged = logged_metrics(root)
     assert logged["rollout/agent/episodes"] > 0 and logged["rollout/lake/episodes"] > 0
     assert logged["rollout/agent/success_rate"] == 1.0  # what the agent reported
     dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
     agent_turns = [len(ep["turns"]) for ep in dumped if ep["tag"] == "agent"]
     assert agent_turns and set(agent_turns) == {2}  # its two calls, one row each
 
-    done = _fit(tmp_path, extra, 3, *ahead, "--ckpt_path", "last")  # one more step from the checkpoint
+    done = fit_tiny(tmp_path, extra, 3, *ahead, "--ckpt_path", "last")  # one more step from the checkpoint
     assert done.returncode == 0, done.stderr[-4000:]
     groups = dumped_groups(root)  # the agent's groups and the env's: each trained once, none skipped
     assert sorted(groups) == [1, 2, 3] and all(len(g) == 2 for g in groups.values())
@@ -62,7 +51,7 @@ def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: P
 def test_an_agent_that_keeps_crashing_stops_the_run_in_one_line(tmp_path: Path) -> None:
     crash = [sys.executable, "-c", "import sys; sys.exit('no model for me')"]
     more = ("--data.rollout.episode_retries", "0", "--data.rollout.max_failed_groups_in_a_row", "1")
-    done = _fit(tmp_path, _config(tmp_path / "agents.yaml", crash), 1, *more)
+    done = fit_tiny(tmp_path, _config(tmp_path / "agents.yaml", crash), 1, *more)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "the agent crashed" in last and "no model for me" in last, last
@@ -72,8 +61,7 @@ def test_a_group_filter_sorts_agent_groups_as_it_sorts_env_groups(tmp_path: Path
     """The agent reports the same reward to every member of a group (its reward depends on the seed alone): the
     zero-variance filter rejects each such group, plays the extra groups it may, then completes the batch."""
     more = ("--data.rollout.group_filter.kind", "zero_variance", "--data.rollout.group_filter.max_extra_groups", "1")
-    done = _fit(tmp_path, _config(tmp_path / "agents.yaml", [sys.executable, AGENT], lake=False), 1, *more)
+    done = fit_tiny(tmp_path, _config(tmp_path / "agents.yaml", [sys.executable, AGENT], lake=False), 1, *more)
     assert done.returncode == 0, done.stderr[-4000:]
-    (metrics,) = (tmp_path / "run").glob("lightning_logs/version_0/metrics.csv")
-    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    logged = logged_metrics(tmp_path / "run")
     assert logged["rollout/groups_filtered"] >= 1 and logged["rollout/agent/episodes"] > 0

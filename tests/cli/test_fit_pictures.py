@@ -4,13 +4,12 @@ picture env is told so in one line before any work."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import torch
 import yaml
-from support.cli import TINY, TWO_RANKS, run_cli
+from support.cli import TINY, TWO_RANKS, fit_tiny, logged_metrics, run_cli
 
 PICTURES = {"tag": "pixels", "env_id": "frozenlake", "env_config": {"size": 4, "render": "image"}, "groups": 1}
 WORDS = {"tag": "words", "env_id": "frozenlake", "env_config": {"size": 4}, "groups": 1}
@@ -23,12 +22,7 @@ def _config(path: Path, *envs: dict) -> str:
 
 
 def _fit(tmp_path: Path, extra: str, steps: int, *more: str) -> None:
-    root = tmp_path / "run"
-    done = run_cli(
-        "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
-        "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
-        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
-    )  # fmt: skip
+    done = fit_tiny(tmp_path, extra, steps, *more)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -36,9 +30,7 @@ def test_a_picture_env_and_a_text_env_train_together_and_resume(tmp_path: Path) 
     extra = _config(tmp_path / "vl.yaml", PICTURES, WORDS)
     _fit(tmp_path, extra, 2)
     root = tmp_path / "run"
-    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
-    rows = list(csv.DictReader(metrics.open()))
-    logged = {k: float(v) for row in rows for k, v in row.items() if v}
+    logged = logged_metrics(root)
     assert logged["env/image_bytes"] > 100 and logged["timing/image_encode_s"] > 0
     assert logged["rollout/pixels/episodes"] > 0 and logged["rollout/words/episodes"] > 0
     dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
@@ -56,8 +48,7 @@ def test_two_fsdp2_ranks_train_on_pictures(tmp_path: Path) -> None:
     extra = _config(tmp_path / "vl.yaml", {**PICTURES, "groups": 2})
     more = ("--model.algorithm.max_tokens_per_micro", "256", "--model.algorithm.entropy_coef", "0.01")
     _fit(tmp_path, extra, 1, *TWO_RANKS, *more)
-    (metrics,) = (tmp_path / "run").glob("lightning_logs/version_0/metrics.csv")
-    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    logged = logged_metrics(tmp_path / "run")
     assert logged["env/image_bytes"] > 100 and logged["train/update_skipped"] == 0 and "train/entropy" in logged
 
 

@@ -5,12 +5,11 @@ refused in one line before any work."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import yaml
-from support.cli import TINY, run_cli
+from support.cli import fit_tiny, logged_metrics
 
 # The reply starts with a whole call (the prefix is the product's own prefill), so the random model makes at least
 # one well-formed `calculate` call a turn; the MCP env has no such tool and answers it with an error result.
@@ -29,22 +28,12 @@ def _config(path: Path, history_turns: int = 2) -> str:
     return str(path)
 
 
-def _fit(tmp_path: Path, extra: str, steps: int, *more: str):
-    root = tmp_path / "run"
-    return run_cli(
-        "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
-        "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
-        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
-    )  # fmt: skip
-
-
 def test_a_calculator_and_an_mcp_server_train_together_and_resume(tmp_path: Path) -> None:
     extra = _config(tmp_path / "tools.yaml")
-    done = _fit(tmp_path, extra, 2)
+    done = fit_tiny(tmp_path, extra, 2)
     assert done.returncode == 0, done.stderr[-4000:]
     root = tmp_path / "run"
-    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
-    logged = {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
+    logged = logged_metrics(root)
     assert logged["rollout/tool_calls/calculate"] >= 1 and logged["rollout/tool_calls_per_turn"] >= 1
     assert 0 < logged["rollout/invalid_tool_call_rate"] < 1  # the MCP env has no calculate tool
     assert logged["rollout/calc/episodes"] > 0 and logged["rollout/capitals/episodes"] > 0
@@ -56,12 +45,12 @@ def test_a_calculator_and_an_mcp_server_train_together_and_resume(tmp_path: Path
     assert ("calculator", "42", False) in results
     assert any(env.startswith("mcp:") and error and "calculate" in content for env, content, error in results)
 
-    done = _fit(tmp_path, extra, 3, "--ckpt_path", "last")  # one more step from the checkpoint
+    done = fit_tiny(tmp_path, extra, 3, "--ckpt_path", "last")  # one more step from the checkpoint
     assert done.returncode == 0, done.stderr[-4000:]
 
 
 def test_a_tool_env_with_no_history_is_refused_in_one_line(tmp_path: Path) -> None:
-    done = _fit(tmp_path, _config(tmp_path / "tools.yaml", history_turns=0), 1)
+    done = fit_tiny(tmp_path, _config(tmp_path / "tools.yaml", history_turns=0), 1)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "history_turns" in last, last

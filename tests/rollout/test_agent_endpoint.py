@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from support.endpoints import serving
 
 from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
-from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
 AGENTS = Path(__file__).resolve().parent.parent / "support" / "agents"
 
@@ -28,12 +28,8 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Rea
 
 @pytest.fixture
 async def endpoint(model_dir: Path, tokenizer: Any) -> AsyncIterator[AgentEndpoint]:
-    engine = TransformersEngine(model_dir, seed=0)
-    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=16))
-    await served.start()
-    yield served
-    await served.stop()
-    await engine.close()
+    async with serving(model_dir, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=16)) as served:
+        yield served
 
 
 @pytest.fixture
@@ -145,20 +141,14 @@ async def test_bound_beyond_loopback_it_needs_a_token(
 ) -> None:
     with pytest.raises(ValueError, match="not loopback: set endpoint.token"):
         EndpointConfig(host="0.0.0.0")
-    engine = TransformersEngine(model_dir, seed=0)
     everywhere = EndpointConfig(host="0.0.0.0", advertise="127.0.0.1", token="s3cret", max_context_tokens=2048)
-    served = AgentEndpoint(engine, tokenizer, replace(everywhere, max_tokens=4))
-    await served.start()
-    try:
+    async with serving(model_dir, tokenizer, replace(everywhere, max_tokens=4)) as served:
         key = served.open()
         ok = [{"role": "user", "content": "Go."}]
         with pytest.raises(openai.AuthenticationError):
             await client(served, key, api_key="wrong").chat.completions.create(model="policy", messages=ok)
         answer = await client(served, key, api_key="s3cret").chat.completions.create(model="policy", messages=ok)
         assert answer.choices[0].message.role == "assistant"
-    finally:
-        await served.stop()
-        await engine.close()
 
 
 async def test_parallel_calls_of_one_episode_are_answered_one_after_another(
@@ -210,10 +200,7 @@ async def test_a_client_that_leaves_mid_reply_leaves_a_consistent_record(
 ) -> None:
     """The reply it left is recorded whole or not at all; the episode goes on (the agent never saw that reply,
     so its next call starts a new segment)."""
-    engine = TransformersEngine(model_dir, seed=0)
-    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=256))
-    await served.start()
-    try:
+    async with serving(model_dir, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=256)) as served:
         key = served.open()
         ok = [{"role": "user", "content": "Go."}]
         async with httpx.AsyncClient(timeout=0.02) as http:  # gone long before 256 tokens are sampled
@@ -227,6 +214,3 @@ async def test_a_client_that_leaves_mid_reply_leaves_a_consistent_record(
         await client(served, key).chat.completions.create(model="policy", messages=ok, max_tokens=4)
         record = served.finish(key)
         assert len(record.calls) == len(left) + 1 and [c.segment for c in record.calls] == list(range(len(left) + 1))
-    finally:
-        await served.stop()
-        await engine.close()

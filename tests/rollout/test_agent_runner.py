@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.endpoints import serving
 
 from roll_lightning.rollout.agent_runner import AgentCommand, AgentFailed, run_agent_episode
 from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
-from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.rollout.episode import Episode
 
 AGENT = str(Path(__file__).resolve().parent.parent / "support" / "agents" / "openai_agent.py")
@@ -22,12 +22,8 @@ AGENT = str(Path(__file__).resolve().parent.parent / "support" / "agents" / "ope
 
 @pytest.fixture
 async def endpoint(model_dir: Path, tokenizer: Any) -> AsyncIterator[AgentEndpoint]:
-    engine = TransformersEngine(model_dir, seed=0)
-    served = AgentEndpoint(engine, tokenizer, EndpointConfig(max_context_tokens=1024, max_tokens=8))
-    await served.start()
-    yield served
-    await served.stop()
-    await engine.close()
+    async with serving(model_dir, tokenizer, EndpointConfig(max_context_tokens=1024, max_tokens=8)) as served:
+        yield served
 
 
 async def test_a_python_agent_on_the_openai_client_becomes_an_episode(endpoint: AgentEndpoint) -> None:

@@ -4,6 +4,8 @@
   ``--import support.plugin_envs`` and ``-m support.*`` work).
 - `run_cli`: run it to the end; `start_cli`: start it (to signal it), optionally in its own session so a test can
   signal its whole process group, as a terminal's Ctrl-C does.
+- `fit_tiny`: ``fit`` on ``configs/tiny.yaml`` plus a test's config, logging CSV under ``tmp/run``;
+  `logged_metrics`: every metric that run logged, its last value.
 - `wait_for_file`: wait (a hang guard, not a timing) until a run wrote a file or exited.
 - `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
 - `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks);
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -59,6 +62,23 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def fit_tiny(tmp_path: Path, extra: str, steps: int, *more: str) -> subprocess.CompletedProcess[str]:
+    """``fit --config configs/tiny.yaml --config <extra>`` for ``steps`` rollout steps, metrics as CSV in
+    ``tmp_path/run`` (``more``: further command-line settings)."""
+    root = tmp_path / "run"
+    return run_cli(
+        "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
+        "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
+        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def logged_metrics(root: Path) -> dict[str, float]:
+    """The last value of every metric the run under ``root`` logged (its first version's ``metrics.csv``)."""
+    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
+    return {k: float(v) for row in csv.DictReader(metrics.open()) for k, v in row.items() if v}
 
 
 # A terminal's foreground job has SIGINT at its default, whatever the test runner inherited: a runner started in

@@ -1,4 +1,5 @@
-"""`python -m env_servers serve sokoban frozenlake --port 50051` | `python -m env_servers describe sokoban`.
+"""`python -m env_servers serve sokoban frozenlake --port 50051` | `python -m env_servers describe sokoban` |
+`python -m env_servers openenv frozenlake --port 8000` (one env as an OpenEnv server).
 
 `serve` prints one JSON line when it is ready, e.g.
 ``{"event": "serving", "address": "127.0.0.1:50051", "envs": ["sokoban"], "server_id": "...", "pid": 123}``
@@ -114,6 +115,38 @@ def _serve(args: argparse.Namespace) -> int:
     logging.shutdown()
     sys.stdout.flush()
     os._exit(0)
+
+
+def _openenv(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    _die_with_parent(args.parent_pid)
+    _import_plugins(args.imports)
+    try:
+        from env_servers.envs.openenv.serve import make_app
+    except ImportError as exc:
+        raise ImportError(
+            f"serving as OpenEnv needs openenv-core: pip install 'roll_lightning[openenv]' ({exc})"
+        ) from exc
+    config = _env_configs([f"{args.env}={args.config}"])[args.env] if args.config else {}
+    app = make_app(args.env, config, max_sessions=args.max_sessions)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("env_servers").warning(
+            "OpenEnv has no authentication: anyone who can reach %s can use it", args.host
+        )
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    host, port = sock.getsockname()[:2]
+    print(
+        json.dumps({"event": "serving", "url": f"http://{host}:{port}", "env": args.env, "pid": os.getpid()}),
+        flush=True,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level.lower()))
+    server.run(sockets=[sock])
+    return 0
 
 
 def _env_configs(items: list[str]) -> dict[str, dict]:
@@ -245,6 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--config", help="env config as JSON, e.g. '{\"dim_room\": [8, 8]}'")
     describe.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
     describe.set_defaults(func=_describe)
+
+    openenv = sub.add_parser("openenv", help="serve one env as an OpenEnv server (HTTP and WebSocket)")
+    openenv.add_argument("env", help="the env id to serve")
+    openenv.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 for other hosts")
+    openenv.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on the ready line)")
+    openenv.add_argument("--config", help="env config as JSON, e.g. '{\"size\": 4}'")
+    openenv.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions")
+    openenv.add_argument("--log-level", default="WARNING")
+    openenv.add_argument("--parent-pid", type=int, help="stop when the process with this pid exits (Linux)")
+    openenv.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE")
+    openenv.set_defaults(func=_openenv)
 
     conformance = sub.add_parser("conformance", help="check that a running server (any language) follows the protocol")
     conformance.add_argument("address", nargs="?", help="host:port of the server under test (or --launch)")

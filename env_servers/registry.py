@@ -33,6 +33,8 @@ _ADAPTER_MODULES = {
     "gem:": "env_servers.envs.gem_adapter",
     "gym:": "env_servers.envs.gym_adapter",
     "mcp:": "env_servers.envs.mcp_env",
+    "openenv:": "env_servers.envs.openenv.adapter",
+    "textarena:": "env_servers.envs.textarena_adapter",
 }
 _BUILTINS_LOADED = False
 

@@ -8,8 +8,8 @@ NLTK data); dataset ids (math:, qa:, code:) need the HF Hub (shared/reference/en
 
 Two things the adapter fixes for GEM:
 - **RNG isolation.** GEM seeds and uses the process-global `random` and `numpy.random`, so two sessions
-  interleaved in one process diverge from the same seed. Every adapter session keeps its own copy of both
-  global states and swaps it in, under a process-wide lock, around each reset/step.
+  interleaved in one process diverge from the same seed. Every adapter session runs GEM through its own
+  `GlobalRng`.
 - **The observation.** GEM puts the current board or prompt in ``info["suffix"]``; like ROLL's GEM template
   ("{observation}\\n{suffix}") the adapter appends it to the observation text.
 A GEM format error is reported as ``action_valid=False`` (GEM gives it a -0.1 reward and ends the episode).
@@ -17,8 +17,6 @@ A GEM format error is reported as ``action_valid=False`` (GEM gives it a -0.1 re
 
 from __future__ import annotations
 
-import random
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from env_servers.api import EnvSpec, json_object
+from env_servers.envs.global_rng import GlobalRng
 from env_servers.registry import EnvEntry, register_prefix
 
 PREFIX = "gem:"
-_GLOBAL_RNG_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,27 +59,9 @@ class GemEnv:
     def __init__(self, config: GemConfig) -> None:
         gem = _import_gem()
         self.config = config
-        with _GLOBAL_RNG_LOCK:
-            saved = random.getstate(), np.random.get_state()
-            try:
-                self.env = gem.make(self.gem_id, **json_object(config.make_kwargs, "make_kwargs"))
-            finally:
-                random.setstate(saved[0])
-                np.random.set_state(saved[1])
-        self._states = (random.getstate(), np.random.get_state())
+        self.rng = GlobalRng()
+        self.env = self.rng.run(gem.make, self.gem_id, **json_object(config.make_kwargs, "make_kwargs"))
         self._steps = 0
-
-    def _isolated(self, fn: Any, *args: Any) -> Any:
-        with _GLOBAL_RNG_LOCK:
-            outside = random.getstate(), np.random.get_state()
-            random.setstate(self._states[0])
-            np.random.set_state(self._states[1])
-            try:
-                return fn(*args)
-            finally:
-                self._states = (random.getstate(), np.random.get_state())
-                random.setstate(outside[0])
-                np.random.set_state(outside[1])
 
     @staticmethod
     def _observation(obs: Any, info: Mapping[str, Any]) -> str:
@@ -90,11 +70,11 @@ class GemEnv:
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         self._steps = 0
-        obs, info = self._isolated(lambda: self.env.reset(seed=seed % 2**32))  # GEM seeds numpy: 32-bit seeds
+        obs, info = self.rng.run(self.env.reset, seed=seed % 2**32)  # GEM seeds numpy: 32-bit seeds
         return self._observation(obs, info), {"seed": seed, **_plain(info, skip="suffix")}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self._isolated(self.env.step, action)
+        obs, reward, terminated, truncated, info = self.rng.run(self.env.step, action)
         self._steps += 1
         truncated = bool(truncated) or (not terminated and self._steps >= self.config.max_steps)
         # GEM signals a malformed reply with its format-error reward (and ends the episode).
@@ -107,7 +87,7 @@ class GemEnv:
     def describe(cls, config: GemConfig) -> EnvSpec:
         probe = cls(config)
         instruction, _ = probe.reset(0)
-        example = str(probe._isolated(probe.env.sample_random_action))
+        example = str(probe.rng.run(probe.env.sample_random_action))
         return EnvSpec(
             env_id=PREFIX + cls.gem_id,
             version=f"gem-llm-{_gem_version()}",

@@ -340,6 +340,7 @@ class EnvPool:
         if config:
             request.config.update(config)
         tried: list[str] = []
+        last = ""  # what the last endpoint tried answered
         while True:
             candidates = [
                 ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0 and _serves(ep, env_id)
@@ -356,7 +357,7 @@ class EnvPool:
             if not candidates:
                 raise NoEndpointAvailable(
                     f"no endpoint can take a '{env_id}' session (tried: {', '.join(tried) or 'none'}; "
-                    f"healthy: {', '.join(self.healthy_endpoints()) or 'none'})"
+                    f"healthy: {', '.join(self.healthy_endpoints()) or 'none'}){last}"
                 )
             ep = max(candidates, key=lambda e: e.free)
             ep.active += 1
@@ -372,6 +373,7 @@ class EnvPool:
                 if err.draining:
                     self._stop_placing(ep)
                 tried.append(ep.address)
+                last = f"; the last answered {err.code.name}: {err.detail}"
                 continue
             finally:
                 ep.creating -= 1

@@ -1,0 +1,354 @@
+"""Any OpenEnv environment as one of our envs: ids ``openenv:<module>:<Environment class or factory>`` (run here,
+through `openenv-core`) or ``openenv:<http(s)://host:port>`` (a running OpenEnv server).
+
+    python -m env_servers serve openenv:my_env.server.my_environment:MyEnvironment
+    python -m env_servers serve openenv:http://127.0.0.1:8000
+
+The mapping (docs/environments.md has the table):
+- reset(seed) -> OpenEnv ``reset(seed=seed % 2**32, **reset_kwargs)``; step(reply) -> one OpenEnv ``step``;
+- the reply becomes the Action by ``action_format``: ``text`` puts it in one string field (``action_field``, by
+  default the action's only string field), ``json`` parses it as the action's JSON object, ``tools`` (an MCP env:
+  its action is OpenEnv's ``call_tool``) sends each of the reply's tool calls as a ``call_tool`` action and
+  answers it with the call's result; ``auto`` picks tools, then text, then json from the action's schema;
+- the observation's text is its ``observation_field``, by default its only string field, else one ``name: value``
+  line per field (but done, reward, metadata and the fields read below; values that are not strings as JSON);
+- reward: the observation's (None -> 0; summed over a step's tool calls); done -> ``terminated``; ``truncated``
+  is ours, at ``max_steps``, or the env's (a boolean ``truncated`` field or metadata key, with done); metadata
+  -> ``info["metadata"]``; metrics are the numbers and booleans of metadata, ``metadata["metrics"]`` and a
+  ``metrics`` field (OpenEnv's wire drops metadata: a served env's metrics arrive only as a field);
+- ``action_valid`` is False when the reply cannot be made into an action (not JSON, failing the action's schema,
+  refused by the server as a validation error, or a tools reply with no call): no OpenEnv step is taken, the
+  reward is ``invalid_action_penalty``; an env may also say so itself (a boolean ``action_valid`` field or
+  metadata key);
+- anything else the foreign env does wrong (raises, times out after ``call_timeout_s``, disconnects, answers a
+  malformed observation) fails the call: the runtime aborts the episode (INTERNAL, the message naming the env).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult, json_object
+from env_servers.envs.openenv.backends import (
+    ForeignEnvFailed,
+    InProcess,
+    InvalidAction,
+    Outcome,
+    Remote,
+    load,
+)
+from env_servers.registry import EnvEntry, register_prefix
+
+PREFIX = "openenv:"
+FORMATS = ("auto", "text", "json", "tools")
+_REMOTE = ("http://", "https://", "ws://", "wss://")
+_TOOL_FIELDS = ("tool_name", "result", "error", "tools")
+_FLAGS = ("action_valid", "truncated")
+_READ = (*_FLAGS, "metrics")  # fields the mapping reads (not shown as text)
+
+
+@dataclass(frozen=True)
+class OpenEnvConfig:
+    max_steps: int = field(default=50, metadata={"doc": "turns before we truncate"})
+    action_format: str = field(
+        default="auto", metadata={"doc": "how a reply becomes an action: " + " | ".join(FORMATS)}
+    )
+    action_field: str = field(default="", metadata={"doc": "text format: the action field given the reply"})
+    observation_field: str = field(default="", metadata={"doc": "the observation field shown as text"})
+    action_class: str = field(
+        default="",
+        metadata={"doc": "module:Class of the action (in-process envs that do not declare it)", "server_only": True},
+    )
+    reset_kwargs: str = field(default="{}", metadata={"doc": "JSON object of extra keyword arguments for reset"})
+    instruction: str = field(
+        default="",
+        metadata={"doc": "the spec's instruction (default: the first observation, else the env's description)"},
+    )
+    example_action: str = field(default="", metadata={"doc": "the spec's example action"})
+    invalid_action_penalty: float = field(default=-0.1, metadata={"doc": "reward of a reply that is no action"})
+    reward_min: float = field(default=-1.0, metadata={"doc": "the spec's lowest reward"})
+    reward_max: float = field(default=1.0, metadata={"doc": "the spec's highest reward"})
+    deterministic: bool = field(default=True, metadata={"doc": "false for an env that does not follow its seed"})
+    connect_timeout_s: float = field(default=10.0, metadata={"doc": "seconds to connect to a server"})
+    call_timeout_s: float = field(default=30.0, metadata={"doc": "seconds for one reset or step"})
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.action_format not in FORMATS:
+            raise ValueError(f"action_format must be one of {', '.join(FORMATS)}, got {self.action_format!r}")
+        json_object(self.reset_kwargs, "reset_kwargs")
+        for name in ("connect_timeout_s", "call_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+_TOOLS: dict[tuple[str, OpenEnvConfig], tuple[Tool, ...]] = {}  # an MCP env's tools, listed once per config
+_SPECS: dict[tuple[str, OpenEnvConfig], EnvSpec] = {}
+
+
+class OpenEnvEnv:
+    """One OpenEnv session: a backend (`InProcess` or `Remote`) and the mapping of the module docstring."""
+
+    env_id = ""
+    target = ""  # module:Class or a URL
+
+    def __init__(self, config: OpenEnvConfig) -> None:
+        self.config = config
+        self.backend = self._open()
+        self.format, self.field = _choose_format(self.backend.action_schema(), config)
+        self._steps = 0
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        return self._list_tools() if self.format == "tools" else ()
+
+    def _open(self) -> InProcess | Remote:
+        if self.target.startswith(_REMOTE):
+            return Remote(self.target, self.config.connect_timeout_s, self.config.call_timeout_s)
+        return InProcess(load(self.target), self.config.action_class, self.config.call_timeout_s)
+
+    def _list_tools(self) -> tuple[Tool, ...]:
+        key = (self.env_id, self.config)
+        if key not in _TOOLS:
+            listed = self.backend.step({"type": "list_tools"}).fields.get("tools")
+            if not isinstance(listed, list):
+                raise ForeignEnvFailed(f"{self.target}: list_tools answered no tool list")
+            _TOOLS[key] = tuple(
+                Tool(
+                    str(t["name"]), str(t.get("description") or ""), t.get("input_schema") or t.get("inputSchema") or {}
+                )
+                for t in listed
+            )
+        return _TOOLS[key]
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._steps = 0
+        out = self.backend.reset(seed % 2**32, json_object(self.config.reset_kwargs, "reset_kwargs"))
+        return self._text(out), {"seed": seed, "metadata": _plain(out.metadata)}
+
+    def step(self, action: Action | str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
+        action = Action(text=action) if isinstance(action, str) else action
+        self._steps += 1
+        if self.format == "tools":
+            return self._tool_step(action)
+        try:
+            out = self.backend.step(self._action(action.text))
+        except InvalidAction as exc:
+            return self._refused(f"Invalid action: {exc}")
+        return self._text(out), *self._scored(out, out.reward or 0.0)
+
+    def _action(self, text: str) -> dict[str, Any]:
+        if self.format == "text":
+            return {self.field: text}
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidAction(f"the reply is not JSON ({exc.msg})") from exc
+        if not isinstance(value, dict):
+            raise InvalidAction("the reply must be a JSON object of the action's fields")
+        return value
+
+    def _tool_step(self, action: Action) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        if not action.tool_calls:
+            names = ", ".join(tool.name for tool in self.tools)
+            text, reward, terminated, truncated, info = self._refused(f"Reply with tool calls ({names}).")
+            return Observation(text=text), reward, terminated, truncated, info
+        results, reward, last = [], 0.0, None
+        for call in action.tool_calls:
+            if last is not None and last.done:
+                results.append(ToolResult(call.id, call.name, "not run: the episode ended", True))
+                continue
+            try:
+                last = self.backend.step(
+                    {"type": "call_tool", "tool_name": call.name, "arguments": json.loads(call.arguments)}
+                )
+            except InvalidAction as exc:
+                results.append(ToolResult(call.id, call.name, f"invalid call: {exc}", True))
+                continue
+            error = last.fields.get("error")
+            content = _error_text(error) if error else _result_text(last.fields.get("result"))
+            results.append(ToolResult(call.id, call.name, content, bool(error)))
+            reward += last.reward or 0.0
+        if last is None:
+            return Observation(text="", tool_results=tuple(results)), *self._refused_scores()
+        text = self._text(last, skip=_TOOL_FIELDS)
+        return Observation(text=text, tool_results=tuple(results)), *self._scored(last, reward)
+
+    def _scored(self, out: Outcome, reward: float) -> tuple[float, bool, bool, dict[str, Any]]:
+        valid = _flag(out, "action_valid", True)
+        cut = out.done and _flag(out, "truncated", False)  # an env that reports its own truncation
+        numbers = {**out.metadata, **_dict(out.metadata.get("metrics")), **_dict(out.fields.get("metrics"))}
+        metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, int | float) and k not in _FLAGS}
+        metrics["action_valid"] = float(valid)
+        info = {"action_valid": valid, "metrics": metrics, "metadata": _plain(out.metadata)}
+        return reward, out.done and not cut, cut or (not out.done and self._steps >= self.config.max_steps), info
+
+    def _refused(self, text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return text, *self._refused_scores()
+
+    def _refused_scores(self) -> tuple[float, bool, bool, dict[str, Any]]:
+        truncated = self._steps >= self.config.max_steps
+        info = {"action_valid": False, "metrics": {"action_valid": 0.0}}
+        return self.config.invalid_action_penalty, False, truncated, info
+
+    def _text(self, out: Outcome, skip: tuple[str, ...] = ()) -> str:
+        fields = {k: v for k, v in out.fields.items() if k not in skip and k not in _READ}
+        name = self.config.observation_field
+        if name:
+            if name not in out.fields:
+                raise ForeignEnvFailed(f"{self.target}: malformed answer: the observation has no field {name!r}")
+            value = out.fields[name]
+            return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        strings = [v for v in fields.values() if isinstance(v, str)]
+        if len(strings) == 1:
+            return strings[0]
+        return "\n".join(
+            f"{k}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in fields.items()
+        )
+
+    @classmethod
+    def describe(cls, config: OpenEnvConfig) -> EnvSpec:
+        """The spec, made once per config (the runtime asks at every session; a probe costs a connection)."""
+        key = (cls.env_id, config)
+        if key not in _SPECS:
+            _SPECS[key] = cls._probe(config)
+        return _SPECS[key]
+
+    @classmethod
+    def _probe(cls, config: OpenEnvConfig) -> EnvSpec:
+        probe = cls(config)
+        try:
+            first, _ = probe.reset(0)
+            instruction = config.instruction or first or probe.backend.description() or f"the OpenEnv env {cls.target}"
+            tools = probe.tools
+        finally:
+            probe.close()
+        call = json.dumps({"name": tools[0].name, "arguments": {}}) if tools else ""
+        examples = {"text": "hello", "json": "{}", "tools": call}
+        low = min(config.reward_min, config.invalid_action_penalty)
+        return EnvSpec(
+            env_id=cls.env_id,
+            version=f"openenv-core-{_version()}",
+            instruction=instruction,
+            action_format={
+                "text": f"free text (sent as the action's {probe.field!r})",
+                "json": "a JSON object of the action's fields",
+                "tools": "tool calls to the tools of this spec",
+            }[probe.format],
+            example_action=config.example_action or examples[probe.format],
+            max_steps=config.max_steps,
+            reward_min=low,
+            reward_max=max(config.reward_max, low),
+            deterministic=config.deterministic,
+            splits={"train": 0, "test": 0},
+            metrics=("action_valid",),
+            tools=tools,
+        )
+
+
+def _choose_format(schema: dict[str, Any], config: OpenEnvConfig) -> tuple[str, str]:
+    """``(format, text field)`` from the action's JSON schema and the config (see the module docstring)."""
+    props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
+    strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
+    mcp = {"tool_name", "arguments"} <= props.keys()
+    chosen = config.action_format
+    if chosen == "auto":
+        chosen = "tools" if mcp else "text" if (config.action_field or len(strings) == 1) else "json"
+    if chosen == "tools" and not mcp:
+        raise KeyError("action_format 'tools' needs an MCP env (an action with tool_name and arguments)")
+    if chosen == "text":
+        name = config.action_field or (strings[0] if len(strings) == 1 else "")
+        if name not in strings:
+            raise KeyError(
+                f"action_format 'text' needs a string field of the action: give action_field (its string fields: "
+                f"{', '.join(strings) or 'none'})"
+            )
+        return chosen, name
+    return chosen, ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _flag(out: Outcome, name: str, default: bool) -> bool:
+    """A boolean the env reports as an observation field or in its metadata (``action_valid``, ``truncated``)."""
+    for value in (out.fields.get(name), out.metadata.get(name)):
+        if isinstance(value, bool):
+            return value
+    return default
+
+
+def _result_text(result: Any) -> str:
+    """A call_tool result as text: MCP's text parts joined, structured data as JSON, a string as it is."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        parts = result.get("content")
+        if isinstance(parts, list) and parts:
+            return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in parts)
+        for key in ("data", "structured_content", "structuredContent"):
+            if result.get(key) is not None:
+                return (
+                    _result_text(result[key])
+                    if isinstance(result[key], str)
+                    else json.dumps(result[key], sort_keys=True)
+                )
+    return json.dumps(result, sort_keys=True, default=str)
+
+
+def _error_text(error: Any) -> str:
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+
+
+def _plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON-representable part of an observation's metadata."""
+    out = {}
+    for key, value in metadata.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[str(key)] = value
+    return out
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openenv-core")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _entry(env_id: str) -> EnvEntry:
+    target = env_id[len(PREFIX) :]
+    if not target.startswith(_REMOTE):
+        module, _, name = target.rpartition(":")
+        if not module or not name:
+            raise KeyError(
+                f"'{env_id}': name an Environment class (openenv:my_pkg.server.env:MyEnvironment) or a server URL "
+                "(openenv:http://host:8000) after 'openenv:'"
+            )
+        try:
+            from openenv.core.env_server.interfaces import Environment
+        except ImportError as exc:
+            raise KeyError(
+                "OpenEnv envs need the optional openenv-core package: pip install 'roll_lightning[openenv]'"
+            ) from exc
+        factory = load(target)
+        if not (isinstance(factory, type) and issubclass(factory, Environment)) and not callable(factory):
+            raise KeyError(f"'{env_id}': {target} is neither an OpenEnv Environment class nor a function making one")
+    env_cls = type(f"OpenEnv[{target}]", (OpenEnvEnv,), {"env_id": env_id, "target": target})
+    return EnvEntry(env_id, env_cls, OpenEnvConfig)
+
+
+register_prefix(PREFIX, _entry)

@@ -1,0 +1,247 @@
+"""The two ways to reach an OpenEnv environment, behind one small interface: in this process (an installed
+`Environment` subclass) or over OpenEnv's WebSocket protocol (a running server's URL).
+
+Both answer in OpenEnv's wire shape, an `Outcome` (the observation's fields, reward, done), and turn the foreign
+env's failures into two exceptions: `InvalidAction` (the env refused the action as malformed: a normal step for
+us) and `ForeignEnvFailed` (it raised, timed out, died or answered something malformed: the episode is aborted).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+_WIRE = ("done", "reward", "metadata")  # OpenEnv's Observation base fields, not shown to the agent as content
+
+
+class InvalidAction(ValueError):
+    """The foreign env (or its action type) refused the action as malformed."""
+
+
+class ForeignEnvFailed(RuntimeError):
+    """The foreign env failed: an exception, a timeout, a lost connection or a malformed answer."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One OpenEnv answer: the observation's own fields, its reward (None: none given), done and metadata."""
+
+    fields: dict[str, Any]
+    reward: float | None
+    done: bool
+    metadata: dict[str, Any]
+
+    @classmethod
+    def parse(cls, observation: Any, reward: Any, done: Any, where: str) -> Outcome:
+        if not isinstance(observation, dict):
+            raise ForeignEnvFailed(f"{where}: malformed answer: the observation is {type(observation).__name__}")
+        if reward is not None and (isinstance(reward, str) or not isinstance(reward, int | float)):
+            raise ForeignEnvFailed(f"{where}: malformed answer: reward {reward!r} is not a number")
+        if not isinstance(done, bool):
+            raise ForeignEnvFailed(f"{where}: malformed answer: done {done!r} is not a boolean")
+        metadata = observation.get("metadata") or {}
+        fields = {k: v for k, v in observation.items() if k not in _WIRE}
+        return cls(
+            fields, None if reward is None else float(reward), done, metadata if isinstance(metadata, dict) else {}
+        )
+
+
+def load(ref: str) -> Any:
+    """The object named ``module:attribute``."""
+    module, _, name = ref.rpartition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, SyntaxError) as exc:
+        raise KeyError(f"cannot load {ref!r} ({type(exc).__name__}: {exc})") from exc
+
+
+def action_type(env_cls: type, override: str = "") -> type:
+    """The env's Action class: ``override`` (``module:Class``), else the ``ActT`` its class declares, else OpenEnv's
+    `CallToolAction` for an `MCPEnvironment`, else its ``step``'s annotation."""
+    if override:
+        return load(override)
+    for klass in env_cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            args = typing.get_args(base)
+            if args and isinstance(args[0], type):
+                return args[0]
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from openenv.core.env_server.types import Action
+
+    if issubclass(env_cls, MCPEnvironment):
+        return CallToolAction
+    try:
+        hinted = typing.get_type_hints(env_cls.step).get("action")
+    except Exception:  # annotations that do not resolve here
+        hinted = None
+    if isinstance(hinted, type) and issubclass(hinted, Action) and hinted is not Action:
+        return hinted
+    raise KeyError(f"{env_cls.__name__} does not declare its Action type: give config.action_class")
+
+
+class InProcess:
+    """An OpenEnv `Environment` made here by ``factory`` (its class, or a function returning one); each call runs on
+    the instance's own thread, bounded by ``timeout_s``."""
+
+    def __init__(self, factory: Any, action_class: str, timeout_s: float) -> None:
+        self.name, self.timeout_s = getattr(factory, "__name__", "env"), timeout_s
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"openenv-{self.name}")
+        self.env = self._call("start", factory)
+        self.action_cls = action_type(type(self.env), action_class)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        future = self._pool.submit(fn, *args, **kwargs)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            self._pool.shutdown(wait=False)  # the stuck call keeps its thread; this instance takes no more calls
+            self._pool = _Refusing(f"{self.name} timed out earlier")
+            raise ForeignEnvFailed(f"OpenEnv env {self.name}: {what} timed out after {self.timeout_s:g}s") from exc
+        except (InvalidAction, ForeignEnvFailed):
+            raise
+        except Exception as exc:  # the foreign env's own error
+            raise ForeignEnvFailed(f"OpenEnv env {self.name}: {what} raised {type(exc).__name__}: {exc}") from exc
+
+    def _outcome(self, observation: Any, where: str) -> Outcome:
+        if not hasattr(observation, "model_dump"):
+            raise ForeignEnvFailed(f"{where}: malformed answer: {type(observation).__name__} is not an Observation")
+        data = observation.model_dump(mode="json")
+        return Outcome.parse(data, data.get("reward"), data.get("done"), where)
+
+    def reset(self, seed: int, kwargs: dict[str, Any]) -> Outcome:
+        accepted = _accepted(self.env.reset, {"seed": seed, **kwargs})  # as OpenEnv's server does: some take no seed
+        return self._outcome(self._call("reset", self.env.reset, **accepted), f"{self.name} reset")
+
+    def step(self, action: dict[str, Any]) -> Outcome:
+        import pydantic
+
+        cls = self.action_cls
+        if action.get("type") in ("call_tool", "list_tools"):  # MCP actions, whatever the env's own action type
+            from openenv.core.env_server import mcp_types
+
+            cls = mcp_types.CallToolAction if action["type"] == "call_tool" else mcp_types.ListToolsAction
+        try:
+            typed = cls.model_validate(action)
+        except pydantic.ValidationError as exc:
+            raise InvalidAction(_first_error(exc)) from exc
+        return self._outcome(self._call("step", self.env.step, typed), f"{self.name} step")
+
+    def action_schema(self) -> dict[str, Any]:
+        return self.action_cls.model_json_schema()
+
+    def description(self) -> str:
+        """The env's own description (OpenEnv's ``get_metadata``), '' when it has none."""
+        get = getattr(self.env, "get_metadata", None)
+        return str(getattr(self._call("get_metadata", get), "description", "") or "") if callable(get) else ""
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close) and not isinstance(self._pool, _Refusing):
+            try:
+                self._call("close", close)
+            except ForeignEnvFailed:
+                pass
+        self._pool.shutdown(wait=False)
+
+
+class _Refusing:
+    """The executor of an instance whose call timed out: every further call fails at once."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def submit(self, *_: Any, **__: Any) -> Any:
+        raise ForeignEnvFailed(self.reason)
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+class Remote:
+    """A running OpenEnv server, one WebSocket session per instance (OpenEnv's own `GenericEnvClient`)."""
+
+    def __init__(self, url: str, connect_timeout_s: float, timeout_s: float) -> None:
+        from openenv.core.generic_client import GenericEnvClient
+
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        client = GenericEnvClient(base_url=self.url, connect_timeout_s=connect_timeout_s, message_timeout_s=timeout_s)
+        self.client = client.sync()  # connects at the first call: a server may take one session at a time
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as exc:
+            if "VALIDATION_ERROR" in str(exc):
+                raise InvalidAction(str(exc)) from exc
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {exc}") from exc
+        except (TimeoutError, concurrent.futures.TimeoutError) as exc:
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} timed out after {self.timeout_s:g}s") from exc
+        except (ConnectionError, OSError, ValueError) as exc:
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # websockets' ConnectionClosed and the like
+            hint = (
+                " (an OpenEnv server closes sessions past its max_concurrent_envs)"
+                if "Closed" in type(exc).__name__
+                else ""
+            )
+            raise ForeignEnvFailed(
+                f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}{hint}"
+            ) from exc
+
+    def _outcome(self, result: Any, where: str) -> Outcome:
+        return Outcome.parse(result.observation, result.reward, result.done, where)
+
+    def reset(self, seed: int, kwargs: dict[str, Any]) -> Outcome:
+        return self._outcome(self._call("reset", self.client.reset, seed=seed, **kwargs), f"{self.url} reset")
+
+    def step(self, action: dict[str, Any]) -> Outcome:
+        return self._outcome(self._call("step", self.client.step, action), f"{self.url} step")
+
+    def action_schema(self) -> dict[str, Any]:
+        import httpx
+
+        try:
+            answer = httpx.get(f"{self.url}/schema", timeout=self.timeout_s)
+            answer.raise_for_status()
+            schema = answer.json()["action"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: GET /schema failed: {exc}") from exc
+        if not isinstance(schema, dict):
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: /schema's action is not a JSON schema")
+        return schema
+
+    def description(self) -> str:
+        """The server's description (``GET /metadata``), '' when it has none."""
+        import httpx
+
+        try:
+            answer = httpx.get(f"{self.url}/metadata", timeout=self.timeout_s)
+            return str(answer.json().get("description") or "") if answer.status_code == 200 else ""
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return ""
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # a dead server: nothing to close
+            pass
+
+
+def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``fn`` takes (all of them when it has ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _first_error(exc: Any) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error.get("loc", ())) or "action"
+    return f"{where}: {error.get('msg', 'invalid')}"

@@ -1,0 +1,205 @@
+"""OpenEnv environments written for the tests with `openenv-core`'s own types, and a way to serve one as OpenEnv
+serves envs (its `create_app` under uvicorn), in a subprocess that prints its URL:
+
+    python -m support.openenv_envs guess                      # {"url": "http://127.0.0.1:PORT"}
+    python -m support.openenv_envs med_safety_gym.app:app     # an env package's own app
+
+- `GuessEnv`: guess a number from 1 to 9 (``guess`` string action; seeded; ``higher``/``lower`` hints; a guess
+  that is not a number is ``action_valid`` false; the distance to the number in metadata).
+- `NotesEnv`: an MCP env (FastMCP tools ``read(box)`` and ``answer(code)``); the code of box ``b`` is ``11*b``
+  and the task is box 3.
+- `RaisingEnv`, `SlowEnv`, `MalformedEnv`: envs that fail as foreign envs do (an exception, a step that takes
+  ``SLOW_S``, an observation whose reward is not a number).
+- `running`: a command that prints ``{"url": ...}`` first (this module, ``python -m env_servers openenv``, an
+  env package's server), started for as long as the block runs; yields its URL (and process) once ``/health``
+  answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastmcp import FastMCP
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.types import Action, Observation, State
+
+SLOW_S = 30.0
+
+
+class GuessAction(Action):
+    guess: str
+
+
+class GuessObservation(Observation):
+    feedback: str
+    action_valid: bool = True  # a field, not metadata: OpenEnv's wire does not carry metadata
+
+
+class GuessEnv(Environment[GuessAction, GuessObservation, State]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(episode_id=None, step_count=0)
+        self.target = 0
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> GuessObservation:
+        self.target = random.Random(seed).randint(1, 9)
+        self._state = State(episode_id=episode_id or "episode", step_count=0)
+        return GuessObservation(feedback="Guess my number from 1 to 9.")
+
+    def step(self, action: GuessAction, timeout_s: float | None = None, **_: Any) -> GuessObservation:
+        self._state.step_count += 1
+        try:
+            guess = int(action.guess.strip())
+        except ValueError:
+            return GuessObservation(feedback="Not a number.", reward=0.0, action_valid=False)
+        if guess == self.target:
+            return GuessObservation(feedback="Correct!", reward=1.0, done=True, metadata={"distance": 0})
+        hint = "higher" if guess < self.target else "lower"
+        return GuessObservation(feedback=hint, reward=0.0, metadata={"distance": abs(guess - self.target)})
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class NotesEnv(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        mcp = FastMCP("notes")
+        self.answered: str | None = None
+
+        @mcp.tool()
+        def read(box: int) -> str:
+            """Read the code in a box (1-9)."""
+            return f"code {box * 11}"
+
+        @mcp.tool()
+        def answer(code: str) -> str:
+            """Answer with the code of box 3."""
+            self.answered = code
+            return "answered"
+
+        super().__init__(mcp)
+        self._state = State(episode_id=None, step_count=0)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Observation:
+        self.answered = None
+        return Observation(metadata={"task": "answer with the code in box 3"})
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **_: Any) -> Observation:
+        return Observation(reward=0.0)
+
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        obs = super().step(action, timeout_s=timeout_s, **kwargs)
+        if self.answered is not None:
+            obs.done, obs.reward = True, 1.0 if self.answered == "33" else 0.0
+        return obs
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class RaisingEnv(GuessEnv):
+    def step(self, action: GuessAction, timeout_s: float | None = None, **_: Any) -> GuessObservation:
+        raise RuntimeError("the foreign env broke")
+
+
+class SlowEnv(GuessEnv):
+    def step(self, action: GuessAction, timeout_s: float | None = None, **_: Any) -> GuessObservation:
+        time.sleep(SLOW_S)
+        return super().step(action)
+
+
+class MalformedEnv(GuessEnv):
+    def step(self, action: GuessAction, timeout_s: float | None = None, **_: Any) -> GuessObservation:
+        obs = super().step(action)
+        object.__setattr__(obs, "reward", "lots")  # past pydantic's checks, as a buggy env's serializer might
+        return obs
+
+
+ENVS = {"guess": (GuessEnv, GuessAction, GuessObservation), "slow": (SlowEnv, GuessAction, GuessObservation)}
+
+
+def serve(name: str) -> None:
+    """Serve ``ENVS[name]`` with OpenEnv's `create_app`, or the ASGI app ``name`` names (``module:app``), on a free
+    loopback port; print the URL first."""
+    import importlib
+
+    import uvicorn
+    from openenv.core.env_server.http_server import create_app
+
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        app = getattr(importlib.import_module(module), attribute)
+    else:
+        env_cls, action_cls, observation_cls = ENVS[name]
+        app = create_app(env_cls, action_cls, observation_cls, env_name=name, max_concurrent_envs=64)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+@dataclass
+class Served:
+    url: str
+    process: subprocess.Popen
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def running(*command: str, **env: str) -> Iterator[Served]:
+    """Run ``python <command>`` (``tests/`` importable) until the block ends; yield its URL and process."""
+    tests = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    log = tempfile.TemporaryFile(mode="w+")  # not a pipe: a server that logs much would block on a full one
+    proc = subprocess.Popen(
+        [sys.executable, *command], stdout=subprocess.PIPE, stderr=log, text=True,
+        env={**os.environ, "PYTHONPATH": path, **env},
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            proc.wait()
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(command)} exited before serving: {log.read()[-2000:]}")
+        url = json.loads(line)["url"]
+        for _ in range(600):  # a hang guard (60 s), not a timing
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield Served(url, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -35,3 +35,29 @@ def test_the_rules_list_matches_the_suite_one_to_one():
     section = DOC.read_text().split("## Rules a server must follow", 1)[1].split("\n## ", 1)[0]
     named = re.findall(r"^\d+\. \*\*`([a-z-]+)`\*\*", section, re.M)
     assert named == list(CHECKS)
+
+
+ENVIRONMENTS = DOC.parent / "environments.md"
+
+
+def test_the_ecosystem_tables_commands_name_envs_that_resolve():
+    """Every concrete env id in docs/environments.md's one-line commands resolves (placeholders like my_env aside)."""
+    from env_servers.registry import get_env
+
+    commands = re.findall(r"`python -m env_servers (?:serve|openenv) ([^`]+)`", ENVIRONMENTS.read_text())
+    ids = [word for command in commands for word in command.split() if not word.startswith("-") and not word.isdigit()]
+    concrete = [env_id for env_id in ids if "my_" not in env_id and "://" not in env_id and not env_id.isupper()]
+    assert {"gem:game:GuessTheNumber-v0-easy", "textarena:GuessTheNumber-v0", "frozenlake"} <= set(concrete)
+    for env_id in concrete:
+        get_env(env_id)
+
+
+def test_the_openenv_client_example_runs_against_our_server():
+    from support.openenv_envs import running
+
+    code = re.search(r"```python\n(from openenv import GenericEnvClient.*?)```", ENVIRONMENTS.read_text(), re.S)
+    assert code, "the OpenEnv client example is missing from docs/environments.md"
+    with running("-m", "env_servers", "openenv", "frozenlake", "--port", "0") as served:
+        namespace: dict = {}
+        exec(compile(code.group(1).replace("http://127.0.0.1:8000", served.url), "environments.md", "exec"), namespace)
+        assert namespace["out"].observation["text"] and namespace["first"].observation["info"]["seed"] == 3

@@ -64,14 +64,14 @@ def run_cli(
     )
 
 
-def fit_tiny(tmp_path: Path, extra: str, steps: int, *more: str) -> subprocess.CompletedProcess[str]:
+def fit_tiny(tmp_path: Path, extra: str, steps: int, *more: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``fit --config configs/tiny.yaml --config <extra>`` for ``steps`` rollout steps, metrics as CSV in
-    ``tmp_path/run`` (``more``: further command-line settings)."""
+    ``tmp_path/run`` (``more``: further command-line settings; ``env``: environment variables)."""
     root = tmp_path / "run"
     return run_cli(
         "fit", "--config", TINY, "--config", extra, "--model.rollout_steps", str(steps),
         "--trainer.default_root_dir", str(root), "--trainer.logger", "CSVLogger",
-        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path,
+        "--trainer.logger.save_dir", str(root), *more, cwd=tmp_path, **env,
     )  # fmt: skip
 
 

@@ -5,14 +5,13 @@ env fails (an exception, a timeout, a malformed answer, a server that dies) endi
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from support.openenv_envs import running
+from support.openenv_envs import dipg_dataset, running
 from support.servers import start_server
 
 from env_servers.api import ConfigError
@@ -24,21 +23,6 @@ from roll_lightning.env_client.errors import EpisodeFailed
 GUESS, NOTES = "openenv:support.openenv_envs:GuessEnv", "openenv:support.openenv_envs:NotesEnv"
 DIPG = "openenv:med_safety_gym.app:get_environment"
 DIPG_CONFIG = {"reward_min": -50.0, "reward_max": 50.0, "deterministic": False}
-DIPG_ROW = {
-    "messages": [
-        {"role": "user", "content": "<context>Drug X was tested in 10 patients. Median survival was 12 months."
-         "</context>\n<question>What was the median survival with drug X?</question>\nPROOF:\nMedian survival was "
-         "12 months."},
-        {"role": "assistant", "content": "12 months"},
-    ]
-}  # fmt: skip
-
-
-def dipg_dataset(folder: Path) -> str:
-    """A one-question dataset file for the DIPG env (its default is a Hugging Face dataset, not reachable here)."""
-    path = folder / "dipg.jsonl"
-    path.write_text(json.dumps(DIPG_ROW) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +160,7 @@ def test_bad_openenv_ids_and_configs_are_named() -> None:
 async def test_a_published_openenv_package_is_played_in_process_and_from_its_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = {"DIPG_DATASET_PATH": dipg_dataset(tmp_path), "HF_HUB_OFFLINE": "1"}
+    data = dipg_dataset(tmp_path)
     for key, value in data.items():
         monkeypatch.setenv(key, value)  # read by the package's app module when it makes its first env
     with running("-m", "support.openenv_envs", "med_safety_gym.app:app", **data) as served:

@@ -92,6 +92,7 @@ class McpEnv:
 
     env_id = ""
     task_cls: type = object
+    waits_on_io = True  # its calls wait on the MCP server: the runtime overlaps a batch's steps on many threads
 
     def __init__(self, config: McpConfig) -> None:
         self.config = config

@@ -9,6 +9,7 @@ One exception, for speed: a BatchStep or BatchReset whose expected cost (a runni
 item of that kind, measured on the pool first) is under `INLINE_BUDGET_S` runs on the event loop itself. For
 envs whose steps take microseconds (FrozenLake, Sokoban) the thread hop and GIL hand-offs cost more than the
 steps; a slow env never qualifies, and an env that turns slow is moved back to the pool by the same average.
+A batch with an item of an env that declares ``waits_on_io`` is always spread over the pool's threads.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     self.item_seconds[kind] = per_item if average == float("inf") else 0.8 * average + 0.2 * per_item
             return out
 
+        if self._waits_on_io(parts):
+            return await self._run_spread(parts, deadline)
         expected = sum(self.item_seconds[kind] * max(1, len(items)) for kind, items in parts.items())
         if expected < INLINE_BUDGET_S and not self.draining:
             return run()
@@ -156,6 +159,16 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if slowest == float("inf") or slowest < PARALLEL_ITEM_S or sum(map(len, parts.values())) < 2:
             return await self._call(context, run)
         return await self._run_spread(parts, deadline)
+
+    def _waits_on_io(self, parts: dict[str, Any]) -> bool:
+        """Whether an item's env says its calls wait on I/O (``waits_on_io``: a remote env, a tool server): their
+        latencies overlap on many threads, however cheap each call is in CPU."""
+        for items in parts.values():
+            for item in items:
+                session = self.table.find(item.session_id)
+                if session is not None and getattr(session.env, "waits_on_io", False):
+                    return True
+        return False
 
     async def _run_spread(self, parts: dict[str, Any], deadline: float | None) -> list[list[Any]]:
         """Slow items (an env waiting on I/O, a subprocess, a remote API) run on many pool threads at once: one

@@ -384,6 +384,10 @@ class SessionTable:
                 self._created.popitem(last=False)
         return response
 
+    def find(self, session_id: str) -> Session | None:
+        """The session, or None (no error: for looking, not for serving)."""
+        return self._sessions.get(session_id)
+
     def get(self, session_id: str) -> Session:
         if not session_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")

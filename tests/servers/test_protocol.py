@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from support.plugin_envs import SlowEnv
+from support.plugin_envs import SlowEnv, _CounterEnv
 from support.servers import start_server
 
 from roll_lightning.protocol.v1 import env_pb2 as pb
@@ -384,3 +384,25 @@ async def test_health_is_not_serving_until_the_envs_have_loaded():
         LOADING.set()
         await client.close()
         await server.drain_and_stop(0.1)
+
+
+@pytest.mark.parametrize(("env_id", "overlap"), [("slow", False), ("waiting", True)])
+def test_a_batch_of_an_env_that_waits_on_io_runs_its_items_at_once(env_id: str, overlap: bool) -> None:
+    """A first batch of unknown cost runs as one job; an env that declares ``waits_on_io`` has its items spread
+    over the pool's threads, so their waits overlap (the gauge counts steps running at the same moment)."""
+    running = start_server(env_ids=(env_id,), workers=4)
+    try:
+        with grpc.insecure_channel(running.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            sessions = [create(stub, env_id, {"delay_s": 0.05}, request_id=f"c{k}") for k in range(8)]
+            episodes = [reset(stub, sid).episode_id for sid in sessions]
+            _CounterEnv.max_in_step = 0
+            items = [
+                pb.StepRequest(session_id=sid, episode_id=ep, step_index=0, action=pb.Action(text="go"), request_id="s")
+                for sid, ep in zip(sessions, episodes, strict=True)
+            ]
+            answered = stub.BatchStep(pb.BatchStepRequest(items=items), timeout=30).items
+            assert [item.status.code for item in answered] == [0] * 8
+            assert (_CounterEnv.max_in_step > 1) == overlap, _CounterEnv.max_in_step
+    finally:
+        running.stop()

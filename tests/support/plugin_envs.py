@@ -82,6 +82,14 @@ class SlowEnv(_CounterEnv):
     env_id = "slow"
 
 
+@register("waiting", CounterConfig)
+class WaitingEnv(_CounterEnv):
+    """Stands for an env whose calls wait on I/O (a remote server): the runtime spreads its batches."""
+
+    env_id = "waiting"
+    waits_on_io = True
+
+
 LOADING = threading.Event()  # `slowload` envs cannot be built until this is set
 
 

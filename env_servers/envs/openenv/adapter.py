@@ -88,6 +88,7 @@ class OpenEnvConfig:
 
 _TOOLS: dict[tuple[str, OpenEnvConfig], tuple[Tool, ...]] = {}  # an MCP env's tools, listed once per config
 _SPECS: dict[tuple[str, OpenEnvConfig], EnvSpec] = {}
+_SCHEMAS: dict[str, dict[str, Any]] = {}  # target -> its action's JSON schema
 
 
 class OpenEnvEnv:
@@ -98,8 +99,11 @@ class OpenEnvEnv:
 
     def __init__(self, config: OpenEnvConfig) -> None:
         self.config = config
+        self.waits_on_io = self.target.startswith(_REMOTE)  # the runtime overlaps remote calls on many threads
         self.backend = self._open()
-        self.format, self.field = _choose_format(self.backend.action_schema(), config)
+        if self.target not in _SCHEMAS:  # asked once per target: a session starts without an HTTP request
+            _SCHEMAS[self.target] = self.backend.action_schema()
+        self.format, self.field = _choose_format(_SCHEMAS[self.target], config)
         self._steps = 0
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import inspect
+import json
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -163,44 +164,66 @@ class _Refusing:
 
 
 class Remote:
-    """A running OpenEnv server, one WebSocket session per instance (OpenEnv's own `GenericEnvClient`)."""
+    """A running OpenEnv server, one WebSocket session (``/ws``) per instance, spoken synchronously on the calling
+    thread: OpenEnv's messages (``{"type": "reset" | "step" | "close", "data": ...}``, answered by an
+    ``observation`` or an ``error``), as its `GenericEnvClient` sends them, without that client's event-loop
+    thread per session (docs/benchmarks.md, "Environments from other ecosystems")."""
 
     def __init__(self, url: str, connect_timeout_s: float, timeout_s: float) -> None:
-        from openenv.core.generic_client import GenericEnvClient
+        from openenv.core.utils import convert_to_ws_url
 
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
-        client = GenericEnvClient(base_url=self.url, connect_timeout_s=connect_timeout_s, message_timeout_s=timeout_s)
-        self.client = client.sync()  # connects at the first call: a server may take one session at a time
+        self.url, self.timeout_s, self.connect_timeout_s = url.rstrip("/"), timeout_s, connect_timeout_s
+        self.ws_url = f"{convert_to_ws_url(self.url)}/ws"
+        self._ws: Any = None  # connected at the first call: a server may take one session at a time
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _exchange(self, what: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one message and read its answer's ``data``; every failure as `InvalidAction` or `ForeignEnvFailed`."""
+        from websockets.exceptions import ConnectionClosed, WebSocketException
+        from websockets.sync.client import connect
+
         try:
-            return fn(*args, **kwargs)
-        except RuntimeError as exc:
-            if "VALIDATION_ERROR" in str(exc):
-                raise InvalidAction(str(exc)) from exc
-            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {exc}") from exc
-        except (TimeoutError, concurrent.futures.TimeoutError) as exc:
+            if self._ws is None:
+                self._ws = connect(  # no per-message deflate: small JSON messages, CPU spent on both ends
+                    self.ws_url, open_timeout=self.connect_timeout_s, max_size=None, proxy=None, compression=None
+                )
+            self._ws.send(json.dumps(message))
+            answer = json.loads(self._ws.recv(timeout=self.timeout_s))
+        except TimeoutError as exc:
+            self._drop()
             raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} timed out after {self.timeout_s:g}s") from exc
-        except (ConnectionError, OSError, ValueError) as exc:
-            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}") from exc
-        except Exception as exc:  # websockets' ConnectionClosed and the like
-            hint = (
-                " (an OpenEnv server closes sessions past its max_concurrent_envs)"
-                if "Closed" in type(exc).__name__
-                else ""
-            )
+        except ConnectionClosed as exc:
+            self._drop()
             raise ForeignEnvFailed(
-                f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}{hint}"
+                f"OpenEnv server {self.url}: {what} failed: the session was closed ({exc}); an OpenEnv server closes "
+                "sessions past its max_concurrent_envs"
             ) from exc
+        except (OSError, WebSocketException, ValueError) as exc:  # refused, reset, a bad handshake, not JSON
+            self._drop()
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what}: malformed answer {str(answer)[:200]}")
+        if answer.get("type") == "error":
+            error = answer["data"]
+            detail = f"{error.get('message', 'unknown error')} (code: {error.get('code', 'UNKNOWN')})"
+            if error.get("code") == "VALIDATION_ERROR":
+                raise InvalidAction(detail)
+            raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {detail}")
+        return answer["data"]
 
-    def _outcome(self, result: Any, where: str) -> Outcome:
-        return Outcome.parse(result.observation, result.reward, result.done, where)
+    def _drop(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+
+    def _outcome(self, data: dict[str, Any], where: str) -> Outcome:
+        return Outcome.parse(data.get("observation"), data.get("reward"), data.get("done", False), where)
 
     def reset(self, seed: int, kwargs: dict[str, Any]) -> Outcome:
-        return self._outcome(self._call("reset", self.client.reset, seed=seed, **kwargs), f"{self.url} reset")
+        data = self._exchange("reset", {"type": "reset", "data": {"seed": seed, **kwargs}})
+        return self._outcome(data, f"{self.url} reset")
 
     def step(self, action: dict[str, Any]) -> Outcome:
-        return self._outcome(self._call("step", self.client.step, action), f"{self.url} step")
+        return self._outcome(self._exchange("step", {"type": "step", "data": action}), f"{self.url} step")
 
     def action_schema(self) -> dict[str, Any]:
         import httpx
@@ -226,10 +249,12 @@ class Remote:
             return ""
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:  # a dead server: nothing to close
-            pass
+        if self._ws is not None:
+            try:
+                self._ws.send(json.dumps({"type": "close"}))
+            except Exception:  # a server already gone: nothing to close
+                pass
+            self._drop()
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--server-args", default="", help="more arguments for our server, e.g. \"--workers 16\"")
+    parser.add_argument("--server-args", default="", help='more arguments for our server, e.g. "--workers 16"')
     args = parser.parse_args()
     if args.quick:
         args.turns, args.repeats = 10, 2
@@ -99,7 +99,9 @@ def main() -> None:
     )  # fmt: skip
     url = json.loads(openenv.stdout.readline())["url"]  # type: ignore[union-attr]
     adapted = f"openenv:{url}"
-    ours = launch_local_server(["frozenlake", adapted], extra_args=["--max-sessions", "1024", *args.server_args.split()])
+    ours = launch_local_server(
+        ["frozenlake", adapted], extra_args=["--max-sessions", "1024", *args.server_args.split()]
+    )
     variants = {
         "ours (gRPC, frozenlake)": lambda k: grpc_variant(ours.address, "frozenlake", args.sessions, args.turns, k),
         "ours adapting OpenEnv (gRPC -> WebSocket)": lambda k: grpc_variant(

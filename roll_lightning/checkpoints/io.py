@@ -49,13 +49,26 @@ class ChecksummedCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, map_location, weights_only)
         verify(Path(path))
         try:
-            return super().load_checkpoint(path, map_location, weights_only)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:  # an unstamped file torch rejects
+            checkpoint = super().load_checkpoint(path, map_location, weights_only)
+        except Exception as err:  # an unstamped file torch rejects, whatever torch raises for it
             detail = "its pickled data is not readable" if isinstance(err, pickle.UnpicklingError) else str(err)
             first_line = detail.strip().splitlines()[0] if detail.strip() else type(err).__name__
             raise CheckpointError(
                 f"checkpoint {path} cannot be loaded ({first_line}); {describe_intact_sibling(Path(path))}"
             ) from err
+        missing = [key for key in LIGHTNING_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
+        if missing:  # a whole file, but not a training checkpoint (Lightning would fail on it with a KeyError)
+            held = (
+                ", ".join(map(str, list(checkpoint)[:6])) if isinstance(checkpoint, dict) else type(checkpoint).__name__
+            )
+            raise CheckpointError(
+                f"checkpoint {path} is not a Lightning checkpoint of this trainer (no {missing[0]!r}; it holds: "
+                f"{held or 'nothing'}); {describe_intact_sibling(Path(path))}"
+            )
+        return checkpoint
+
+
+LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step", "state_dict")  # what every fit checkpoint holds
 
 
 def _reason(err: OSError | RuntimeError, folder: Path) -> str:

@@ -21,12 +21,15 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from roll_lightning.env_client import EnvOutage
+from roll_lightning.env_client.errors import EpisodesKeepFailing
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
 from roll_lightning.rollout.engines.placement import TRAIN
 from roll_lightning.rollout.loop import RolloutLoop
+from roll_lightning.rollout.metrics import fault_totals
 from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
 from roll_lightning.rollout.tags import Lane
@@ -168,7 +171,22 @@ class RolloutDataModule(L.LightningDataModule):
         """Block until the next batch of complete groups is ready (what the training loop pulls)."""
         if self.scheduler is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
-        return self.call(self.scheduler.get_batch(), interruptible=True)
+        try:
+            return self.call(self.scheduler.get_batch(), interruptible=True)
+        except (EnvOutage, EpisodesKeepFailing):
+            self._log_fault_totals()  # the run ends here: its fault counts must still reach the metrics
+            raise
+
+    def _log_fault_totals(self) -> None:
+        if self.scheduler is None or not self._has_trainer():
+            return
+        totals = fault_totals(self.scheduler)
+        for logger in self.trainer.loggers:
+            try:
+                logger.log_metrics(totals, step=self.trainer.global_step)
+                logger.save()
+            except Exception:  # a logger that cannot write must not hide the env failure
+                log.exception("logging the fault totals")
 
     def train_dataloader(self) -> DataLoader[RolloutBatch]:
         return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)

@@ -47,19 +47,13 @@ def batch_metrics(
         "rollout/staleness_mean": fmean(version - ep.policy_version for ep in episodes) if episodes else 0.0,
         "rollout/policy_version": float(version),
         "rollout/episodes": float(len(episodes)),
-        # counted since the run started (the scheduler's counters), hence _total
-        "rollout/dropped_groups_stale_total": scheduler.counter("dropped_stale"),
         "rollout/gen_tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
         "env/reset_latency_s": mean("reset_latency_s"),
         "env/image_bytes": mean("image_bytes"),  # encoded picture bytes per step (0 for text envs)
         "timing/image_encode_s": sum(m["image_encode_s"] for m in per_episode),  # the image processor's time
-        # faults, since the run started: episodes replayed (those during an outage use no retry), groups dropped
-        "env/episode_retries_total": float(scheduler.counters["episode_retries"]),
-        "env/outage_waits_total": float(scheduler.counters["outage_waits"]),
-        "env/dropped_groups_failed_total": scheduler.counter("dropped_failed"),
-        **{f"env/{name}_total": value for name, value in _pool_counters(scheduler).items()},
+        **fault_totals(scheduler),
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }
@@ -113,6 +107,18 @@ def _means(per_episode: list[dict[str, float]]) -> Callable[[str], float]:
         return fmean(m[key] for m in per_episode) if per_episode else 0.0
 
     return mean
+
+
+def fault_totals(scheduler: RolloutScheduler) -> dict[str, float]:
+    """The counters since the run started (hence ``_total``): groups dropped as stale or failed, episodes replayed
+    (those during an outage use no retry), outage waits, and the env pools' own counters."""
+    return {
+        "rollout/dropped_groups_stale_total": scheduler.counter("dropped_stale"),
+        "env/episode_retries_total": float(scheduler.counters["episode_retries"]),
+        "env/outage_waits_total": float(scheduler.counters["outage_waits"]),
+        "env/dropped_groups_failed_total": scheduler.counter("dropped_failed"),
+        **{f"env/{name}_total": float(value) for name, value in _pool_counters(scheduler).items()},
+    }
 
 
 def _pool_counters(scheduler: RolloutScheduler) -> dict[str, float]:

@@ -8,6 +8,7 @@ it).
 
 from __future__ import annotations
 
+import csv as csv_module
 import os
 import signal
 import subprocess
@@ -62,10 +63,12 @@ def test_fit_waits_out_a_short_outage_of_its_only_env_server(tmp_path: Path) -> 
 
 def test_an_outage_longer_than_the_timeout_ends_the_run_in_one_line_with_its_steps_kept(tmp_path: Path) -> None:
     """The only env server stops answering for good: the run waits ``outage_timeout_s``, then ends with one line
-    that names the endpoint and the way back, status 1, and the checkpoint of every step trained before."""
+    that names the endpoint and the way back, status 1, the checkpoint of every step trained before, and the
+    outage's fault counts in the metrics."""
     run = tmp_path / "run"
     with remote_server("frozenlake") as server:
-        proc = fit(server, run, "--model.rollout_steps", "50", "--data.envs.outage_timeout_s", "2")
+        csv = ("--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(run))
+        proc = fit(server, run, "--model.rollout_steps", "50", "--data.envs.outage_timeout_s", "2", *csv)
         try:
             wait_for_file(run / "checkpoints", "last.ckpt", proc)  # a step is checkpointed
             os.kill(server.process.pid, signal.SIGSTOP)  # and never resumed during the run
@@ -81,3 +84,6 @@ def test_an_outage_longer_than_the_timeout_ends_the_run_in_one_line_with_its_ste
 
     assert verify(run / "checkpoints" / "last.ckpt") is not None  # whole, and its bytes match its stamp
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["rollout_steps"] >= 1
+    rows = list(csv_module.DictReader(next(run.rglob("metrics.csv")).open()))
+    logged = {k: float(v) for row in rows for k, v in row.items() if v}  # the last value of each
+    assert logged["env/ejections_total"] >= 1, "the outage's fault counts reach the metrics though no step followed"

@@ -224,6 +224,25 @@ def test_a_damaged_last_checkpoint_is_named_in_one_line_with_the_intact_one_to_r
     assert [step_of(previous), step_of(last)] == [2, 3]
 
 
+def test_a_foreign_file_as_last_checkpoint_is_named_in_one_line_by_fit_and_validate(
+    two_steps: Path, tmp_path: Path
+) -> None:
+    """A whole file that torch loads but that is no training checkpoint (written by hand, another program)."""
+    root = Path(shutil.copytree(two_steps, tmp_path / "run"))
+    last, previous = root / "checkpoints" / "last.ckpt", root / "checkpoints" / "previous.ckpt"
+    torch.save({"hello": torch.zeros(3), "global_step": 7}, last)
+    expected = (
+        f"roll_lightning: error: checkpoint {last} is not a Lightning checkpoint of this trainer (no "
+        f"'pytorch-lightning_version'; it holds: hello, global_step); {previous} (rollout step 1) is intact: resume "
+        f"from it with --ckpt_path {previous}"
+    )
+    evaluate = ["validate", "--config", str(ROOT / "configs" / "tiny.yaml"), "--trainer.default_root_dir", str(root)]
+    for args in (fit_args(root, "default", steps=3), evaluate):
+        refused = run_cli(*args, "--ckpt_path", "last", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "Traceback" not in refused.stderr and refused.stderr.splitlines()[-1] == expected, refused.stderr[-2000:]
+
+
 def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_they_are_kept(two_steps: Path, tmp_path: Path) -> None:
     root = Path(shutil.copytree(two_steps, tmp_path / "run"))
     before = (root / "checkpoints" / "last.ckpt").read_bytes()

@@ -125,6 +125,10 @@ class EnvServer:
             ("grpc.max_receive_message_length", cfg.receive_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes or SEND_LIMIT_BYTES),
             ("grpc.so_reuseport", 0),
+            # No bandwidth-delay probing: it widens a stream's receive window to megabytes, which the transport fills
+            # before the token check refuses the call (16 refused 15 MB requests grew a server 6-29 MB; 1.5 MB
+            # without). Requests are actions, kilobytes; the large messages (pictures) go the other way.
+            ("grpc.http2.bdp_probe", 0),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         pb_grpc.add_EnvServiceServicer_to_server(self.service, server)

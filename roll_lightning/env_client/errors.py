@@ -97,6 +97,25 @@ class EndpointRefused(NoEndpointAvailable):
         self.endpoint = endpoint
 
 
+class EndpointTlsMismatch(NoEndpointAvailable):
+    """An endpoint speaks TLS and this client plaintext, or the other way round: known at the first connection
+    (`tls.speaks_tls`), so `EnvPool.start` says so at once instead of waiting out its start timeout."""
+
+    def __init__(self, endpoint: str, server_tls: bool) -> None:
+        if server_tls:
+            detail = (
+                f"env endpoint {endpoint} speaks TLS, and this client connects in plaintext: set "
+                "data.envs.tls_root_cert to the PEM file of the certificate authority that signed its certificate"
+            )
+        else:
+            detail = (
+                f"env endpoint {endpoint} does not speak TLS, and this client connects with TLS "
+                "(data.envs.tls_root_cert is set): start the server with --tls-cert and --tls-key, or unset it"
+            )
+        EpisodeFailed.__init__(self, grpc.StatusCode.UNAVAILABLE, detail)
+        self.endpoint = endpoint
+
+
 class EnvOutage(NoEndpointAvailable):
     """Every endpoint has been down (unreachable, ejected or draining) for longer than the pool waits out.
 

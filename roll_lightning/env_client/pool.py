@@ -40,6 +40,7 @@ from roll_lightning.env_client.client import EnvClient
 from roll_lightning.env_client.errors import (
     REFUSED,
     EndpointRefused,
+    EndpointTlsMismatch,
     EnvOutage,
     EpisodeFailed,
     NoEndpointAvailable,
@@ -47,6 +48,7 @@ from roll_lightning.env_client.errors import (
 )
 from roll_lightning.env_client.local import LocalServer, launch_local_server
 from roll_lightning.env_client.session import EnvSession, new_request_id
+from roll_lightning.env_client.tls import speaks_tls
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 log = logging.getLogger("roll_lightning.env_client")
@@ -65,6 +67,7 @@ class Endpoint:
     mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
     capabilities: frozenset[str] = frozenset()  # the optional protocol parts the server advertises (env.proto)
     warned_transport: bool = False
+    tls_probed: bool = False  # whether `EnvPool._check_tls` has reached it (once is enough)
     env_ids: frozenset[str] = frozenset()  # what the server serves (its ServerInfo); empty until it answers
     ejected: bool = False
     failures: int = 0
@@ -236,6 +239,8 @@ class EnvPool:
         except EpisodeFailed as err:
             if err.code in REFUSED and not self._tasks:  # still in `start`: credentials are a config error
                 raise EndpointRefused(err.code, err.detail, endpoint=ep.address) from err
+            if err.code == grpc.StatusCode.UNAVAILABLE and not self._tasks and not ep.tls_probed:
+                await self._check_tls(ep)
             ep.failures += 1
             ep.accepting = False
             ep.last_error = str(err)
@@ -243,6 +248,17 @@ class EnvPool:
                 self._eject(ep, err)
         if self._tasks:  # running (not still in `start`)
             self._note_availability()
+
+    async def _check_tls(self, ep: Endpoint) -> None:
+        """In `start`, an unreachable endpoint that answers a TLS handshake when this client is plaintext (or does
+        not when it uses TLS) is a config error: raise it now. Probed once the endpoint is reached at all."""
+        tls = await speaks_tls(ep.address)
+        if tls is None:
+            return  # not reachable (yet): ask again at the next check
+        ep.tls_probed = True
+        client_tls = self._client_kwargs["tls_root_cert"] is not None
+        if tls != client_tls:
+            raise EndpointTlsMismatch(ep.address, server_tls=tls)
 
     def _note_availability(self) -> None:
         if self.healthy_endpoints():

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
-from roll_lightning.env_client.errors import EndpointRefused
+from roll_lightning.env_client.errors import EndpointRefused, EndpointTlsMismatch
 from roll_lightning.rollout.config import EnvsConfig
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, ToolHistoryError
 from roll_lightning.rollout.tags import Lane, RolloutConfigError
@@ -61,6 +61,8 @@ class EnvServers:
             await pool.start()
         except EndpointRefused as err:
             raise RolloutConfigError(f"data.envs.token: {err}") from err
+        except EndpointTlsMismatch as err:
+            raise RolloutConfigError(f"data.envs.tls_root_cert: {err.detail}") from err
         except NoEndpointAvailable as err:
             raise RolloutConfigError(f"{key}={_show(where)}: {err}") from err
         except RuntimeError as err:  # a local server that would not start: usually an env id or its import

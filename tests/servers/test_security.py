@@ -13,7 +13,7 @@ from support.servers import start_server
 from env_servers.server.guards import receive_limit
 from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.client import EnvClient
-from roll_lightning.env_client.errors import EndpointRefused
+from roll_lightning.env_client.errors import EndpointRefused, EndpointTlsMismatch
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 SERVICE = "/roll_lightning.env.v1.EnvService"
@@ -181,3 +181,61 @@ async def test_tls_with_a_private_ca():
         await wrong.close()
     finally:
         running.stop()
+
+
+async def test_a_tls_mismatch_is_named_at_start_both_ways() -> None:
+    """A plaintext pool against a TLS server, and a TLS pool against a plaintext one: `start` says which at the
+    first connection (a start timeout of two minutes would otherwise end in "not reachable")."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("env-host.test")
+    secure = start_server(
+        tls_cert=cert.cert_chain_pems[0].bytes() + b"".join(p.bytes() for p in cert.cert_chain_pems[1:]),
+        tls_key=cert.private_key_pem.bytes(),
+    )
+    plain = start_server()
+    try:
+        with pytest.raises(EndpointTlsMismatch, match="speaks TLS, and this client connects in plaintext: set "
+                           "data.envs.tls_root_cert"):  # fmt: skip
+            async with EnvPool([secure.address], start_timeout_s=120):
+                pass
+        with pytest.raises(EndpointTlsMismatch, match="does not speak TLS"):
+            async with EnvPool(
+                [plain.address], start_timeout_s=120, tls_root_cert=ca.cert_pem.bytes(), tls_server_name="env-host.test"
+            ):
+                pass
+        async with EnvPool(
+            [secure.address], tls_root_cert=ca.cert_pem.bytes(), tls_server_name="env-host.test"
+        ) as pool:  # and a matching pair still starts
+            assert pool.healthy_endpoints() == [secure.address]
+    finally:
+        secure.stop()
+        plain.stop()
+
+
+def test_refused_large_requests_do_not_grow_the_server() -> None:
+    """16 concurrent 15 MB requests without the token: refused from their headers, and the transport buffers no
+    megabytes of their bodies first (HTTP/2 bandwidth-delay probing off: with it the server grew 6-29 MB)."""
+    import psutil
+
+    from roll_lightning.env_client.local import launch_local_server
+
+    server = launch_local_server(["frozenlake"], extra_args=["--token", "s3cret", "--max-message-bytes", str(2**26)])
+    try:
+        process = psutil.Process(server.process.pid)
+        before = process.memory_info().rss
+        body, codes = b"\xff" * (15 * 2**20), []
+
+        def send() -> None:
+            with grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", 2**26)]) as channel:
+                codes.append(code_and_details(raw_unary(channel, "Step"), body, timeout=60)[0])
+
+        senders = [threading.Thread(target=send) for _ in range(16)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        grown = (process.memory_info().rss - before) / 2**20
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 16
+        assert grown < 5, f"the server grew {grown:.1f} MB"
+    finally:
+        server.stop()

@@ -40,14 +40,22 @@ from env_servers.envs.openenv.backends import (
     Remote,
     load,
 )
+from env_servers.envs.openenv.mapping import (
+    FLAGS,
+    TOOL_FIELDS,
+    choose_format,
+    dict_of,
+    error_text,
+    flag,
+    observation_text,
+    plain,
+    result_text,
+)
 from env_servers.registry import EnvEntry, register_prefix
 
 PREFIX = "openenv:"
 FORMATS = ("auto", "text", "json", "tools")
 _REMOTE = ("http://", "https://", "ws://", "wss://")
-_TOOL_FIELDS = ("tool_name", "result", "error", "tools")
-_FLAGS = ("action_valid", "truncated")
-_READ = (*_FLAGS, "metrics")  # fields the mapping reads (not shown as text)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class OpenEnvEnv:
         self.backend = self._open()
         if self.target not in _SCHEMAS:  # asked once per target: a session starts without an HTTP request
             _SCHEMAS[self.target] = self.backend.action_schema()
-        self.format, self.field = _choose_format(_SCHEMAS[self.target], config)
+        self.format, self.field = choose_format(_SCHEMAS[self.target], config)
         self._steps = 0
 
     @property
@@ -135,7 +143,7 @@ class OpenEnvEnv:
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         self._steps = 0
         out = self.backend.reset(seed % 2**32, json_object(self.config.reset_kwargs, "reset_kwargs"))
-        return self._text(out), {"seed": seed, "metadata": _plain(out.metadata)}
+        return self._text(out), {"seed": seed, "metadata": plain(out.metadata)}
 
     def step(self, action: Action | str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
         action = Action(text=action) if isinstance(action, str) else action
@@ -177,21 +185,21 @@ class OpenEnvEnv:
                 results.append(ToolResult(call.id, call.name, f"invalid call: {exc}", True))
                 continue
             error = last.fields.get("error")
-            content = _error_text(error) if error else _result_text(last.fields.get("result"))
+            content = error_text(error) if error else result_text(last.fields.get("result"))
             results.append(ToolResult(call.id, call.name, content, bool(error)))
             reward += last.reward or 0.0
         if last is None:
             return Observation(text="", tool_results=tuple(results)), *self._refused_scores()
-        text = self._text(last, skip=_TOOL_FIELDS)
+        text = self._text(last, skip=TOOL_FIELDS)
         return Observation(text=text, tool_results=tuple(results)), *self._scored(last, reward)
 
     def _scored(self, out: Outcome, reward: float) -> tuple[float, bool, bool, dict[str, Any]]:
-        valid = _flag(out, "action_valid", True)
-        cut = out.done and _flag(out, "truncated", False)  # an env that reports its own truncation
-        numbers = {**out.metadata, **_dict(out.metadata.get("metrics")), **_dict(out.fields.get("metrics"))}
-        metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, int | float) and k not in _FLAGS}
+        valid = flag(out, "action_valid", True)
+        cut = out.done and flag(out, "truncated", False)  # an env that reports its own truncation
+        numbers = {**out.metadata, **dict_of(out.metadata.get("metrics")), **dict_of(out.fields.get("metrics"))}
+        metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, int | float) and k not in FLAGS}
         metrics["action_valid"] = float(valid)
-        info = {"action_valid": valid, "metrics": metrics, "metadata": _plain(out.metadata)}
+        info = {"action_valid": valid, "metrics": metrics, "metadata": plain(out.metadata)}
         return reward, out.done and not cut, cut or (not out.done and self._steps >= self.config.max_steps), info
 
     def _refused(self, text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -203,19 +211,7 @@ class OpenEnvEnv:
         return self.config.invalid_action_penalty, False, truncated, info
 
     def _text(self, out: Outcome, skip: tuple[str, ...] = ()) -> str:
-        fields = {k: v for k, v in out.fields.items() if k not in skip and k not in _READ}
-        name = self.config.observation_field
-        if name:
-            if name not in out.fields:
-                raise ForeignEnvFailed(f"{self.target}: malformed answer: the observation has no field {name!r}")
-            value = out.fields[name]
-            return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-        strings = [v for v in fields.values() if isinstance(v, str)]
-        if len(strings) == 1:
-            return strings[0]
-        return "\n".join(
-            f"{k}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in fields.items()
-        )
+        return observation_text(out, self.config.observation_field, skip, where=self.target)
 
     @classmethod
     def describe(cls, config: OpenEnvConfig) -> EnvSpec:
@@ -255,73 +251,6 @@ class OpenEnvEnv:
             metrics=("action_valid",),
             tools=tools,
         )
-
-
-def _choose_format(schema: dict[str, Any], config: OpenEnvConfig) -> tuple[str, str]:
-    """``(format, text field)`` from the action's JSON schema and the config (see the module docstring)."""
-    props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
-    strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
-    mcp = {"tool_name", "arguments"} <= props.keys()
-    chosen = config.action_format
-    if chosen == "auto":
-        chosen = "tools" if mcp else "text" if (config.action_field or len(strings) == 1) else "json"
-    if chosen == "tools" and not mcp:
-        raise KeyError("action_format 'tools' needs an MCP env (an action with tool_name and arguments)")
-    if chosen == "text":
-        name = config.action_field or (strings[0] if len(strings) == 1 else "")
-        if name not in strings:
-            raise KeyError(
-                f"action_format 'text' needs a string field of the action: give action_field (its string fields: "
-                f"{', '.join(strings) or 'none'})"
-            )
-        return chosen, name
-    return chosen, ""
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _flag(out: Outcome, name: str, default: bool) -> bool:
-    """A boolean the env reports as an observation field or in its metadata (``action_valid``, ``truncated``)."""
-    for value in (out.fields.get(name), out.metadata.get(name)):
-        if isinstance(value, bool):
-            return value
-    return default
-
-
-def _result_text(result: Any) -> str:
-    """A call_tool result as text: MCP's text parts joined, structured data as JSON, a string as it is."""
-    if isinstance(result, str):
-        return result
-    if isinstance(result, dict):
-        parts = result.get("content")
-        if isinstance(parts, list) and parts:
-            return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in parts)
-        for key in ("data", "structured_content", "structuredContent"):
-            if result.get(key) is not None:
-                return (
-                    _result_text(result[key])
-                    if isinstance(result[key], str)
-                    else json.dumps(result[key], sort_keys=True)
-                )
-    return json.dumps(result, sort_keys=True, default=str)
-
-
-def _error_text(error: Any) -> str:
-    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
-
-
-def _plain(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON-representable part of an observation's metadata."""
-    out = {}
-    for key, value in metadata.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
-        out[str(key)] = value
-    return out
 
 
 def _version() -> str:

@@ -14,8 +14,8 @@ The verdict, from the trajectory dumps (every episode of every step) and each tr
   (``<tag>/g<n>/s<seed>``) below its highest, minus the groups the run says it dropped;
 - doubled: groups trained in two steps;
 - longest gap: the most seconds between two trained steps (a hang shows here; a trainer restart counts too);
-- faults seen: env/ fault counters (ejections, retries, outage waits) summed over the trainer processes, against
-  the server faults injected.
+- faults seen: for each server fault, whether an env/ fault counter (ejections, retries, outage waits, failed or
+  retried calls) grew between the last step before it and the first step after it.
 
 Run:  .venv/bin/python bench/chaos.py --minutes 60 --servers 3 --fault-every 90
       .venv/bin/python bench/chaos.py --quick           (3 minutes, a fault every 20 s: what CI runs)
@@ -48,6 +48,7 @@ from roll_lightning.env_client.local import LocalServer, launch_local_server  # 
 
 SERVER_FAULTS = ("kill-server", "stop-server", "stop-all")
 FAULT_COUNTERS = ("env/ejections_total", "env/episode_retries_total", "env/outage_waits_total")
+EVIDENCE = ("env/failed_calls_total", "env/retried_calls_total")  # further signs that a call met the fault
 
 
 def free_port() -> int:
@@ -132,51 +133,65 @@ class Chaos:
 def verdict(root: Path, faults: list[dict]) -> dict:
     """What the run's own records say (see the module docstring)."""
     steps: dict[int, list[str]] = {}
-    finished: dict[int, float] = {}
     for path in root.rglob("trajectories/step_*.jsonl"):
-        step = int(path.stem.split("_")[1])
-        groups = {json.loads(line)["group"] for line in path.read_text().splitlines()}
-        steps[step] = sorted(groups)
-        finished[step] = path.stat().st_mtime
+        steps[int(path.stem.split("_")[1])] = sorted({json.loads(line)["group"] for line in path.open()})
     trained = [g for step in sorted(steps) for g in steps[step]]
-    doubled = len(trained) - len(set(trained))
     numbers: dict[str, set[int]] = defaultdict(set)
     for group in set(trained):
         lane, number, _ = group.split("/")
         numbers[lane].add(int(number[1:]))
     gaps = sum(max(ns) + 1 - len(ns) for ns in numbers.values())
-    totals = _process_totals(root)
+    processes = _processes(root)
     dropped = sum(
-        t.get("env/dropped_groups_failed_total", 0) + t.get("rollout/dropped_groups_stale_total", 0) for t in totals
+        rows[-1][1].get("env/dropped_groups_failed_total", 0) + rows[-1][1].get("rollout/dropped_groups_stale_total", 0)
+        for rows in processes
+        if rows
     )
-    times = sorted(finished.values())
-    longest = max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
-    seen = {name: sum(t.get(name, 0.0) for t in totals) for name in FAULT_COUNTERS}
-    server_faults = sum(f["fault"] in SERVER_FAULTS for f in faults)
+    times = sorted(t for rows in processes for t, _ in rows)
+    seen = [_seen(fault, processes) for fault in faults if fault["fault"] in SERVER_FAULTS]
     return {
         "steps": max(steps, default=0),
         "groups_trained": len(set(trained)),
         "lost": max(0, int(gaps - dropped)),
         "number_gaps": gaps,
         "dropped_by_the_run": dropped,
-        "doubled": doubled,
-        "longest_gap_s": round(longest, 1),
-        "faults": {kind: sum(f["fault"] == kind for f in faults) for kind in {f["fault"] for f in faults}},
-        "fault_counters": seen,
-        "every_server_fault_seen": seen["env/ejections_total"] + seen["env/episode_retries_total"] >= server_faults,
-        "trainer_processes": len(totals),
+        "doubled": len(trained) - len(set(trained)),
+        "longest_gap_s": round(max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0), 1),
+        "faults": {kind: sum(f["fault"] == kind for f in faults) for kind in sorted({f["fault"] for f in faults})},
+        "fault_counters": {
+            name: sum(rows[-1][1].get(name, 0.0) for rows in processes if rows) for name in FAULT_COUNTERS
+        },
+        "server_faults_seen": f"{sum(seen)}/{len(seen)}",
+        "every_server_fault_seen": all(seen),
+        "trainer_processes": len(processes),
     }
 
 
-def _process_totals(root: Path) -> list[dict[str, float]]:
-    """Each trainer process's last value of every metric (one CSV version folder per process)."""
+def _processes(root: Path) -> list[list[tuple[float, dict[str, float]]]]:
+    """Per trainer process (one CSV version folder each): its metric rows, each with the time its step was
+    trained (the mtime of that step's trajectory dump)."""
     out = []
-    for path in sorted(root.rglob("metrics.csv")):
-        last: dict[str, float] = {}
+    for path in sorted(root.rglob("metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1])):
+        rows = []
         for row in csv.DictReader(path.open()):
-            last.update({k: float(v) for k, v in row.items() if v})
-        out.append(last)
+            values = {k: float(v) for k, v in row.items() if v}
+            dump = path.parent / "trajectories" / f"step_{int(values['step']):06d}.jsonl"
+            if dump.exists():
+                rows.append((dump.stat().st_mtime, values))
+        out.append(sorted(rows, key=lambda r: r[0]))
     return out
+
+
+def _seen(fault: dict, processes: list[list[tuple[float, dict[str, float]]]]) -> bool:
+    """Whether a server fault shows in the env/ counters: one of them grew between the last step before it and
+    the first step well after it (within one trainer process); a fault no process straddles counts as seen."""
+    start, end = fault["at"], fault["at"] + fault["took_s"] + 15
+    for rows in processes:
+        before = [v for t, v in rows if t <= start]
+        after = [v for t, v in rows if t >= end]
+        if before and after:
+            return any(after[0].get(n, 0) > before[-1].get(n, 0) for n in (*FAULT_COUNTERS, *EVIDENCE))
+    return True
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Which episodes does an async trainer train on? The turns and success of the episodes trained on beside all
-the episodes played, under ``max_staleness`` 0, 1 and 2, with and without ``group_redundancy``.
+the episodes played, under ``max_staleness`` 0, 1 and 2, with and without ``group_redundancy``, and with
+``staleness: admit`` (batches take the oldest started groups) beside the default ``drop``.
 
 Dropping a group that went stale, and keeping the first ``group_size`` members of a group to finish, both favour
 episodes that end sooner. This measures how much, before anything is built against it. A training loop without
@@ -15,7 +16,7 @@ never finish, so they are counted apart, and redundancy's bias shows against the
 Per variant the report gives the episodes' mean turns and success rate, trained vs played, and two-sample
 Kolmogorov-Smirnov distances between turn distributions with their asymptotic p-values.
 
-Run:  .venv/bin/python bench/staleness_bias.py               (6 variants x 40 steps, about 3 minutes)
+Run:  .venv/bin/python bench/staleness_bias.py               (8 variants x 40 steps, about 2 minutes)
       .venv/bin/python bench/staleness_bias.py --steps 10    (a quick look)
 """
 
@@ -27,6 +28,7 @@ import math
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +47,17 @@ from roll_lightning.rollout.groups import GroupQueue  # noqa: E402
 from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
-VARIANTS = [(staleness, redundancy) for redundancy in (0, 2) for staleness in (0, 1, 2)]
+VARIANTS = [
+    *((mode, staleness, redundancy) for redundancy in (0, 2) for staleness in (0, 1, 2) for mode in ("drop",)),
+    *(("admit", staleness, 0) for staleness in (1, 2)),
+]
 
 
 class Recording(GroupQueue):
     """A `GroupQueue` that also notes every finished episode and every group it releases (the bench's probe)."""
 
-    def __init__(self, max_staleness: int) -> None:
-        super().__init__(max_staleness)
+    def __init__(self, max_staleness: int, in_start_order: bool) -> None:
+        super().__init__(max_staleness, in_start_order)
         self.finished: list[tuple[int, int, float]] = []  # (group index, turns, success)
         self.released: set[int] = set()
         self.dropped: set[int] = set()
@@ -73,7 +78,9 @@ class Recording(GroupQueue):
         return groups
 
 
-async def variant(pool: EnvPool, tokenizer: Any, args: argparse.Namespace, staleness: int, redundancy: int) -> dict:
+async def variant(
+    pool: EnvPool, tokenizer: Any, args: argparse.Namespace, mode: str, staleness: int, redundancy: int
+) -> dict:
     rng = random.Random(args.seed)
     low, high = args.reply_s
     engine = SimulatedEngine(tokenizer, REPLIES, latency_s=lambda: rng.uniform(low, high), seed=args.seed)
@@ -81,22 +88,25 @@ async def variant(pool: EnvPool, tokenizer: Any, args: argparse.Namespace, stale
         env_id="frozenlake", env_config={"size": 6}, group_size=args.group_size,
         batch_size=args.group_size * args.groups, group_redundancy=redundancy,
         concurrent_episodes=(args.group_size + redundancy) * args.groups * (staleness + 1),
-        max_staleness=staleness, seed=args.seed,
+        max_staleness=staleness, staleness=mode, seed=args.seed,
         episode=EpisodeSettings(
             max_turns=args.turns, max_context_tokens=4096, sampling=SamplingParams(max_new_tokens=8)
         ),
     )  # fmt: skip
     scheduler = RolloutScheduler(pool, engine, tokenizer, config)
-    queues = [Recording(staleness) for _ in scheduler.lanes]
+    queues = [Recording(staleness, mode == "admit") for _ in scheduler.lanes]
     for lane, queue in zip(scheduler.lanes, queues, strict=True):
         lane.queue = queue
+    step_s: list[float] = []
     try:
         for step in range(args.steps):
+            started = time.perf_counter()
             await scheduler.get_batch()
             await asyncio.sleep(args.train_s)  # the update, generation going on
             await scheduler.suspend()
             await engine.load_weights({}, version=step + 1)
             await scheduler.resume()
+            step_s.append(time.perf_counter() - started)
     finally:
         await scheduler.close()
     finished = [e for q in queues for e in q.finished]
@@ -106,6 +116,8 @@ async def variant(pool: EnvPool, tokenizer: Any, args: argparse.Namespace, stale
     played = [(turns, success) for index, turns, success in finished if index in ended]
     d, p = ks([t for t, _ in trained], [t for t, _ in played])
     return {
+        "staleness": mode,
+        "step_s_median": statistics.median(step_s[2:]),
         "max_staleness": staleness,
         "group_redundancy": redundancy,
         "trained": len(trained),
@@ -139,7 +151,7 @@ async def main_async(args: argparse.Namespace) -> list[dict]:
     server = EnvServer.run_in_thread(ServerConfig(env_ids=("frozenlake",), port=0, workers=8))
     try:
         async with EnvPool([server.address], health_interval_s=1.0) as pool:
-            return list(await asyncio.gather(*(variant(pool, tokenizer, args, s, r) for s, r in VARIANTS)))
+            return list(await asyncio.gather(*(variant(pool, tokenizer, args, *v) for v in VARIANTS)))
     finally:
         server.stop()
 
@@ -156,18 +168,25 @@ def main() -> None:
     args = parser.parse_args()
     run = Run("staleness_bias")
     rows = asyncio.run(main_async(args))
-    print("| max_staleness | redundancy | trained / played (cancelled) | stale groups dropped | turns trained / played "
-          "| success trained / played | KS trained vs played (p) | KS vs the same staleness without redundancy (p) |"
-          "\n|---|---|---|---|---|---|---|---|")  # fmt: skip
-    unselected = {r["max_staleness"]: r["trained_turns"] for r in rows if r["group_redundancy"] == 0}
+    header = [
+        "staleness", "max_staleness", "redundancy", "step s (median)", "trained / played (cancelled)",
+        "stale groups dropped", "turns trained / played", "success trained / played", "KS trained vs played (p)",
+        "KS vs drop at the same staleness without redundancy (p)",
+    ]  # fmt: skip
+    print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
+    unselected = {
+        r["max_staleness"]: r["trained_turns"] for r in rows if r["group_redundancy"] == 0 and r["staleness"] == "drop"
+    }
     for r in rows:
         r["ks_vs_no_redundancy"] = ks(r["trained_turns"], unselected[r["max_staleness"]])
-        print(
-            f"| {r['max_staleness']} | {r['group_redundancy']} | {r['trained']} / {r['played']} ({r['cancelled']}) "
-            f"| {r['dropped_stale_groups']:.0f} | {r['turns_trained']:.2f} / {r['turns_played']:.2f} "
-            f"| {r['success_trained']:.1%} / {r['success_played']:.1%} | {r['ks_distance']:.3f} ({r['ks_p']:.2g}) "
-            f"| {r['ks_vs_no_redundancy'][0]:.3f} ({r['ks_vs_no_redundancy'][1]:.2g}) |"
-        )
+        cells = [
+            r["staleness"], r["max_staleness"], r["group_redundancy"], f"{r['step_s_median']:.2f}",
+            f"{r['trained']} / {r['played']} ({r['cancelled']})", f"{r['dropped_stale_groups']:.0f}",
+            f"{r['turns_trained']:.2f} / {r['turns_played']:.2f}",
+            f"{r['success_trained']:.1%} / {r['success_played']:.1%}", f"{r['ks_distance']:.3f} ({r['ks_p']:.2g})",
+            f"{r['ks_vs_no_redundancy'][0]:.3f} ({r['ks_vs_no_redundancy'][1]:.2g})",
+        ]  # fmt: skip
+        print("| " + " | ".join(map(str, cells)) + " |")
     run.write({"variants": rows, "args": {k: str(v) for k, v in vars(args).items()}})
     print("\n" + run.footer())
 

@@ -40,11 +40,16 @@ class RolloutConfig:
             env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`); every batch holds exactly
             ``groups`` groups of each, in list order, and each tag gets its own metrics (``rollout/<tag>/...``).
         group_size: episodes per group; all start from the same seed.
-        group_redundancy: extra members started per group; the first ``group_size`` to finish are kept.
+        group_redundancy: extra members started per group; the first ``group_size`` to finish are kept (which
+            favours short episodes: 2 extra made trained FrozenLake episodes 22% shorter, docs/benchmarks.md).
         batch_size: trajectories (episodes) per `get_batch`; a multiple of ``group_size``.
         concurrent_episodes: episodes running at once (async mode).
         max_staleness: how many policy versions old a group's oldest reply may be (0 = strictly on-policy: the
             scheduler starts only the groups the current batch needs).
+        staleness: how the bound is kept. ``admit`` (default): batches take the oldest started groups, waiting
+            for them, so none outlives the bound and every group started is trained; ``drop``: batches take the
+            first groups to complete, and a group that outlives the bound is dropped (long episodes go stale
+            more often). Measured in docs/benchmarks.md, "Staleness and redundancy".
         episode_retries: a failed episode (env fault, timeout) is replayed on a fresh session with the same seed
             this many times; then its whole group is dropped. Failures while every env endpoint is down use no
             retry (the replay waits for an endpoint, up to ``envs.outage_timeout_s``).
@@ -84,6 +89,7 @@ class RolloutConfig:
     batch_size: int = 64
     concurrent_episodes: int = 64
     max_staleness: int = 0
+    staleness: Literal["drop", "admit"] = "admit"
     episode_retries: int = 2
     retry_backoff_s: float = 0.5
     max_failed_groups_in_a_row: int = 8
@@ -113,6 +119,8 @@ class RolloutConfig:
             )
         if self.mode not in ("async", "lockstep"):
             raise RolloutConfigError(f"data.rollout.mode must be 'async' or 'lockstep', got {self.mode!r}")
+        if self.staleness not in ("drop", "admit"):
+            raise RolloutConfigError(f"data.rollout.staleness must be 'drop' or 'admit', got {self.staleness!r}")
         if self.on_suspend not in ("wait", "abort"):
             raise RolloutConfigError(f"data.rollout.on_suspend must be 'wait' or 'abort', got {self.on_suspend!r}")
         check_episode(self.episode, "data.rollout.episode")

@@ -48,10 +48,15 @@ class Group:
 
 
 class GroupQueue:
-    def __init__(self, max_staleness: int) -> None:
+    """Groups of one lane, running or complete. ``in_start_order``: `take` releases the oldest started groups
+    (waiting for them to complete) instead of the first to complete, so no group outlives the staleness bound
+    (``data.rollout.staleness: admit``)."""
+
+    def __init__(self, max_staleness: int, in_start_order: bool = False) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.max_staleness = max_staleness
+        self.in_start_order = in_start_order
         self.live: dict[int, Group] = {}
         self._ready: deque[Group] = deque()
         self._changed = asyncio.Event()
@@ -96,18 +101,30 @@ class GroupQueue:
         self._changed.set()
 
     async def take(self, n_groups: int) -> list[Group]:
-        """Wait for ``n_groups`` complete groups and release them; raises what `fail` recorded."""
-        while len(self._ready) < n_groups:
+        """Wait for ``n_groups`` complete groups and release them (the first to complete, or the oldest started
+        with ``in_start_order``); raises what `fail` recorded."""
+        while not self._releasable(n_groups):
             if self.error is not None:
                 raise self.error
             self._changed.clear()
             await self._changed.wait()
-        out = [self._ready.popleft() for _ in range(n_groups)]
+        if self.in_start_order:
+            out = [self.live[index] for index in sorted(self.live)[:n_groups]]
+            for group in out:
+                self._ready.remove(group)
+        else:
+            out = [self._ready.popleft() for _ in range(n_groups)]
         for group in out:
             group.finished = True
             self.live.pop(group.index, None)
         self.counters["released"] += n_groups
         return out
+
+    def _releasable(self, n_groups: int) -> bool:
+        if not self.in_start_order:
+            return len(self._ready) >= n_groups
+        oldest = sorted(self.live)[:n_groups]
+        return len(oldest) == n_groups and all(self.live[index].complete for index in oldest)
 
     @property
     def ready(self) -> int:

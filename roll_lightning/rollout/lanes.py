@@ -36,11 +36,17 @@ class LaneState:
         return self.pool is not None and not self.pool.healthy_endpoints(self.lane.env_id)
 
 
-def lane_states(lanes: tuple[Lane, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int) -> list[LaneState]:
-    """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag."""
+def lane_states(
+    lanes: tuple[Lane, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int, in_start_order: bool = False
+) -> list[LaneState]:
+    """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag; ``in_start_order``: the queues
+    release the oldest started groups first (`GroupQueue`)."""
     if isinstance(pools, EnvPool):
         pools = {lane.tag: pools for lane in lanes}
     missing = [lane.tag for lane in lanes if lane.tag not in pools and lane.agent is None]
     if missing:
         raise ValueError(f"no env pool for tags {missing}")
-    return [LaneState(lane, i, pools.get(lane.tag), GroupQueue(max_staleness)) for i, lane in enumerate(lanes)]
+    return [
+        LaneState(lane, i, pools.get(lane.tag), GroupQueue(max_staleness, in_start_order))
+        for i, lane in enumerate(lanes)
+    ]

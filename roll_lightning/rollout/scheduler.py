@@ -74,7 +74,8 @@ class RolloutScheduler:
         (``eval`` seeds are disjoint from ``train`` seeds); ``vision``: the policy's image encoder (None: text only)."""
         self.engine, self.tokenizer, self.config, self.vision = engine, tokenizer, config, vision
         self.rank, self.world_size, self.split = rank, world_size, split
-        self.lanes = lane_states(config.lanes, pool if isinstance(pool, EnvPool) else dict(pool), config.max_staleness)
+        pools = pool if isinstance(pool, EnvPool) else dict(pool)
+        self.lanes = lane_states(config.lanes, pools, config.max_staleness, config.staleness == "admit")
         self.stop_ids = {s for s in {tokenizer.eos_token_id, *stop_token_ids} if s is not None}
         self.filter = config.group_filter.build()
         self.counters: dict[str, float] = {

@@ -116,6 +116,28 @@ async def test_groups_older_than_max_staleness_are_dropped_after_a_weight_update
     assert batch.metrics["rollout/staleness_mean"] == 0
 
 
+async def test_admit_trains_every_group_it_starts_and_none_outlives_the_bound(pool: EnvPool, tokenizer: Any) -> None:
+    """``staleness: admit``: a weight update after every batch, replies with a long tail, and the producer one
+    batch ahead; batches take the oldest started groups, so no group is dropped as stale, none is skipped, and
+    every trained reply is at most ``max_staleness`` versions old."""
+    draws = iter([0.2 if k % 7 == 3 else 0.002 for k in range(100_000)])  # a slow reply now and then
+    sim = SimulatedEngine(tokenizer, MOVES, latency_s=lambda: next(draws), seed=0)
+    scheduler = RolloutScheduler(pool, sim, tokenizer, config(max_staleness=1, staleness="admit"))
+    trained: list[str] = []
+    try:
+        for version in range(1, 9):
+            batch = await scheduler.get_batch()
+            assert max(version - 1 - v for v in batch.policy_version.tolist()) <= 1
+            trained += sorted(set(batch.traj_group_id))
+            await scheduler.suspend()
+            await sim.load_weights({}, version=version)
+            await scheduler.resume()
+    finally:
+        await scheduler.close()
+    assert scheduler.counter("dropped_stale") == 0
+    assert [int(g.split("/")[1][1:]) for g in trained] == list(range(16)), "every group once, in start order"
+
+
 async def test_redundant_members_race_and_only_group_size_are_kept(pool: EnvPool, tokenizer: Any) -> None:
     scheduler = RolloutScheduler(pool, engine(tokenizer), tokenizer, config(group_redundancy=2, concurrent_episodes=16))
     try:

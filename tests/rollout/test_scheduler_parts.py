@@ -11,6 +11,7 @@ import pytest
 from roll_lightning.env_client import EpisodesKeepFailing
 from roll_lightning.rollout import RolloutConfig
 from roll_lightning.rollout.engines import Generation, SamplingParams
+from roll_lightning.rollout.episode import Episode
 from roll_lightning.rollout.failures import FailurePolicy
 from roll_lightning.rollout.gate import GenerationGate
 from roll_lightning.rollout.groups import Group, GroupQueue, is_stale
@@ -131,3 +132,22 @@ def test_one_staleness_rule_for_the_queue_and_the_batch() -> None:
     queue.add(recent)
     assert queue.expire(4) == [old] and list(queue.live) == [1]
     assert queue.counters["dropped_stale"] == 1
+
+
+def _episode(group_index: int) -> Episode:
+    return Episode(group_index=group_index, member=0, seed=0, env_id="frozenlake")
+
+
+async def test_in_start_order_the_oldest_group_is_released_first_once_complete() -> None:
+    """``staleness: admit``'s queue: a newer group that completes first waits behind the oldest one."""
+    queue = GroupQueue(max_staleness=1, in_start_order=True)
+    old, new = Group(0, 0, 1, started_version=0), Group(1, 0, 1, started_version=0)
+    queue.add(old)
+    queue.add(new)
+    assert queue.put(1, _episode(1))
+    waiting = asyncio.ensure_future(queue.take(1))
+    await asyncio.sleep(0.01)
+    assert not waiting.done(), "the newer group must not overtake the oldest"
+    assert queue.put(0, _episode(0))
+    assert await asyncio.wait_for(waiting, 10) == [old]
+    assert await queue.take(1) == [new]

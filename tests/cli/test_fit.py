@@ -17,6 +17,7 @@ from support.cli import (
     check_stopped_mid_rollout_then_resume,
     children,
     dumped_groups,
+    jsonl,
     run_cli,
     start_cli,
     wait_for_file,
@@ -171,7 +172,7 @@ def test_the_llm_sokoban_config_runs_on_the_tiny_model(tmp_path: Path) -> None:
     episodes = [float(r["rollout/episodes"]) for r in rows if r.get("rollout/episodes")]
     assert episodes == [8.0]  # the config's batch: 2 seeds x 4 episodes
     (dump,) = (tmp_path / "run").rglob("step_*.jsonl")
-    first = json.loads(dump.read_text().splitlines()[0])
+    first = jsonl(dump)[0]
     assert "<answer>" in json.dumps(first)  # the strict format is in the prompt the model saw
 
 

@@ -4,12 +4,11 @@ other's, both train in one run and it resumes; an agent that keeps crashing stop
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import yaml
-from support.cli import TESTS, dumped_groups, fit_tiny, logged_metrics
+from support.cli import TESTS, dumped_episodes, dumped_groups, fit_tiny, logged_metrics
 
 AGENT = str(TESTS / "support" / "agents" / "openai_agent.py")
 
@@ -36,7 +35,7 @@ def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: P
     logged = logged_metrics(root)
     assert logged["rollout/agent/episodes"] > 0 and logged["rollout/lake/episodes"] > 0
     assert logged["rollout/agent/success_rate"] == 1.0  # what the agent reported
-    dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
+    dumped = dumped_episodes(root)
     agent_turns = [len(ep["turns"]) for ep in dumped if ep["tag"] == "agent"]
     assert agent_turns and set(agent_turns) == {2}  # its two calls, one row each
 

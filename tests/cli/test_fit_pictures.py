@@ -4,12 +4,11 @@ picture env is told so in one line before any work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import yaml
-from support.cli import TINY, TWO_RANKS, fit_tiny, logged_metrics, run_cli
+from support.cli import TINY, TWO_RANKS, dumped_episodes, fit_tiny, logged_metrics, run_cli
 
 PICTURES = {"tag": "pixels", "env_id": "frozenlake", "env_config": {"size": 4, "render": "image"}, "groups": 1}
 WORDS = {"tag": "words", "env_id": "frozenlake", "env_config": {"size": 4}, "groups": 1}
@@ -33,7 +32,7 @@ def test_a_picture_env_and_a_text_env_train_together_and_resume(tmp_path: Path) 
     logged = logged_metrics(root)
     assert logged["env/image_bytes"] > 100 and logged["timing/image_encode_s"] > 0
     assert logged["rollout/pixels/episodes"] > 0 and logged["rollout/words/episodes"] > 0
-    dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
+    dumped = dumped_episodes(root)
     assert {"<image>" in ep["turns"][0]["observation"] for ep in dumped if ep["turns"]} == {True, False}
 
     _fit(tmp_path, extra, 3, "--ckpt_path", "last")  # one more step from the checkpoint, pictures and all

@@ -5,11 +5,10 @@ refused in one line before any work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
-from support.cli import fit_tiny, logged_metrics
+from support.cli import dumped_episodes, fit_tiny, logged_metrics
 
 # The reply starts with a whole call (the prefix is the product's own prefill), so the random model makes at least
 # one well-formed `calculate` call a turn; the MCP env has no such tool and answers it with an error result.
@@ -38,7 +37,7 @@ def test_a_calculator_and_an_mcp_server_train_together_and_resume(tmp_path: Path
     assert 0 < logged["rollout/invalid_tool_call_rate"] < 1  # the MCP env has no calculate tool
     assert logged["rollout/calc/episodes"] > 0 and logged["rollout/capitals/episodes"] > 0
 
-    dumped = [json.loads(line) for path in root.rglob("step_*.jsonl") for line in path.read_text().splitlines()]
+    dumped = dumped_episodes(root)
     results = {
         (ep["env_id"], r["content"], r["is_error"]) for ep in dumped for t in ep["turns"] for r in t["tool_results"]
     }

@@ -122,13 +122,20 @@ def children(pid: int) -> set[int]:
     return {int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()}
 
 
+def jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file, split on newlines only: ``str.splitlines`` would also split on U+2028 and
+    the like, which a dump written with ``ensure_ascii=False`` keeps raw inside a model's text."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
+def dumped_episodes(root: Path) -> list[dict]:
+    """Every episode record of ``TrajectoryDump``'s ``step_*.jsonl`` files under ``root``."""
+    return [record for path in root.rglob("step_*.jsonl") for record in jsonl(path)]
+
+
 def dumped_groups(root: Path) -> dict[int, list[str]]:
     """Step number -> the sorted group ids of that step's episodes (``TrajectoryDump``'s ``step_*.jsonl``)."""
-    out: dict[int, list[str]] = {}
-    for path in root.rglob("step_*.jsonl"):
-        lines = [json.loads(line) for line in path.read_text().splitlines()]
-        out[int(path.stem.split("_")[1])] = sorted({e["group"] for e in lines})
-    return out
+    return {int(p.stem.split("_")[1]): sorted({e["group"] for e in jsonl(p)}) for p in root.rglob("step_*.jsonl")}
 
 
 def check_stopped_mid_rollout_then_resume(run: Path, args: list[str], steps: int, cwd: Path) -> None:

@@ -193,6 +193,16 @@ def json_object(text: str, where: str) -> dict[str, Any]:
     return value
 
 
+def package_version(distribution: str) -> str:
+    """The installed version of ``distribution`` (an adapter's spec version names the library it wraps)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def config_schema(config_cls: type) -> str:
     """A JSON Schema (as text) of a config dataclass: field names, types and defaults."""
     hints = typing.get_type_hints(config_cls)

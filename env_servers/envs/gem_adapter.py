@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from env_servers.api import EnvSpec, json_object
+from env_servers.api import EnvSpec, json_object, package_version
 from env_servers.envs.global_rng import GlobalRng
 from env_servers.registry import EnvEntry, register_prefix
 
@@ -90,7 +90,7 @@ class GemEnv:
         example = str(probe.rng.run(probe.env.sample_random_action))
         return EnvSpec(
             env_id=PREFIX + cls.gem_id,
-            version=f"gem-llm-{_gem_version()}",
+            version=f"gem-llm-{package_version('gem-llm')}",
             instruction=instruction,
             action_format="free text; GEM reads the last \\boxed{...} in the reply",
             example_action=example,
@@ -101,15 +101,6 @@ class GemEnv:
             splits={"train": 0, "test": 0},
             metrics=("action_valid", "success"),
         )
-
-
-def _gem_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gem-llm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _plain(info: Mapping[str, Any], skip: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_servers.api import EnvSpec, json_object
+from env_servers.api import EnvSpec, json_object, package_version
 from env_servers.envs.global_rng import GlobalRng
 from env_servers.registry import EnvEntry, register_prefix
 
@@ -114,7 +114,7 @@ class TextArenaEnv:
         family = cls.game_id.split("-")[0]
         return EnvSpec(
             env_id=PREFIX + cls.game_id,
-            version=f"textarena-{_version()}",
+            version=f"textarena-{package_version('textarena')}",
             instruction=instruction,
             action_format="free text; the game reads the move in square brackets, e.g. [5]",
             example_action=_EXAMPLES.get(family, "[1]"),
@@ -125,15 +125,6 @@ class TextArenaEnv:
             splits={"train": 0, "test": 0},
             metrics=("action_valid", "success", "turns"),
         )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("textarena")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _missing_data(game_id: str, exc: LookupError) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult, json_object
+from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult, json_object, package_version
 from env_servers.envs.openenv.backends import (
     ForeignEnvFailed,
     InProcess,
@@ -235,7 +235,7 @@ class OpenEnvEnv:
         low = min(config.reward_min, config.invalid_action_penalty)
         return EnvSpec(
             env_id=cls.env_id,
-            version=f"openenv-core-{_version()}",
+            version=f"openenv-core-{package_version('openenv-core')}",
             instruction=instruction,
             action_format={
                 "text": f"free text (sent as the action's {probe.field!r})",
@@ -251,15 +251,6 @@ class OpenEnvEnv:
             metrics=("action_valid",),
             tools=tools,
         )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("openenv-core")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _entry(env_id: str) -> EnvEntry:

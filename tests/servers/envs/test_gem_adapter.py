@@ -8,6 +8,7 @@ import pytest
 
 gem = pytest.importorskip("gem", reason="the optional gem-llm extra is not installed (needs Python <= 3.12.0)")
 
+from support.rng_isolation import plays_alone_and_interleaved  # noqa: E402
 from support.servers import start_server  # noqa: E402
 
 from env_servers.api import ConfigError  # noqa: E402
@@ -46,23 +47,8 @@ async def test_guess_the_number_is_won_by_bisection_through_the_client():
 
 def test_sessions_do_not_share_gems_global_rng():
     # GEM's 2048 spawns tiles from the process-global RNG: interleaved sessions used to diverge (envs.md §2).
-    entry = get_env(G2048)
-    config = entry.make_config({})
     moves = ["\\boxed{up}", "\\boxed{left}", "\\boxed{down}", "\\boxed{right}"] * 3
-
-    def play_alone() -> list[str]:
-        env = entry.make(config)
-        trace = [env.reset(5)[0]]
-        trace += [env.step(m)[0] for m in moves]
-        return trace
-
-    alone = play_alone()
-    a, b = entry.make(config), entry.make(config)
-    interleaved = [a.reset(5)[0]]
-    b.reset(99)
-    for move in moves:
-        b.step(move)
-        interleaved.append(a.step(move)[0])
+    alone, interleaved = plays_alone_and_interleaved(G2048, moves)
     assert interleaved == alone
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from support.rng_isolation import plays_alone_and_interleaved
 from support.servers import start_server
 
 from env_servers.conformance import CHECKS, run_conformance
@@ -49,21 +50,7 @@ async def test_guess_the_number_is_won_by_bisection_through_the_client() -> None
 
 def test_sessions_do_not_share_textarenas_global_rng() -> None:
     # Minesweeper places its mines with the process-global `random` after the first reveal.
-    entry = get_env(MINES)
-    config = entry.make_config({})
-    moves = ["[2 2]", "[0 0]", "[4 4]", "[0 4]"]
-
-    def play_alone() -> list[str]:
-        env = entry.make(config)
-        return [env.reset(5)[0], *(env.step(m)[0] for m in moves)]
-
-    alone = play_alone()
-    a, b = entry.make(config), entry.make(config)
-    interleaved = [a.reset(5)[0]]
-    b.reset(99)
-    for move in moves:
-        b.step(move)
-        interleaved.append(a.step(move)[0])
+    alone, interleaved = plays_alone_and_interleaved(MINES, ["[2 2]", "[0 0]", "[4 4]", "[0 4]"])
     assert interleaved == alone
 
 

@@ -15,12 +15,14 @@ The verdict, from the trajectory dumps (every episode of every step) and each tr
 - doubled: groups trained in two steps;
 - longest gap: the most seconds between two trained steps (a hang shows here; a trainer restart counts too);
 - faults seen: for each server fault, whether an env/ fault counter (ejections, retries, outage waits, failed or
-  retried calls) grew between the last step before it and the first step after it.
+  retried calls) grew between the last step before it and the first step after it;
+- held exits and exit hangs: trainers whose exit after SIGTERM a stuck thread held until their own watchdog ended
+  it (the log names the thread), and trainers still there ``EXIT_WAIT_S`` after the signal (then killed).
 
 Run:  .venv/bin/python bench/chaos.py --minutes 60 --servers 3 --fault-every 90
       .venv/bin/python bench/chaos.py --quick           (3 minutes, a fault every 20 s: what CI runs)
 Prints the verdict and writes bench/results/chaos-<utc time>.json; exits 1 when a group is lost or doubled,
-or no step came for ``--hang-s`` seconds.
+no step came for ``--hang-s`` seconds, or a trainer's exit was held or hung.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from roll_lightning.env_client.local import LocalServer, launch_local_server  # 
 SERVER_FAULTS = ("kill-server", "stop-server", "stop-all")
 FAULT_COUNTERS = ("env/ejections_total", "env/episode_retries_total", "env/outage_waits_total")
 EVIDENCE = ("env/failed_calls_total", "env/retried_calls_total")  # further signs that a call met the fault
+EXIT_WAIT_S = 180.0  # a trainer not gone this long after SIGTERM is hung (its own exit watchdog fires at 60 s)
+HELD_EXIT = "roll_lightning: still exiting"  # what the trainer's exit watchdog prints (roll_lightning.exits)
 
 
 def free_port() -> int:
@@ -115,16 +119,25 @@ class Chaos:
             for server in self.servers:
                 os.kill(server.process.pid, signal.SIGCONT)
         else:  # term-trainer, kill-trainer
-            assert self.trainer is not None
-            self.trainer.send_signal(signal.SIGTERM if kind == "term-trainer" else signal.SIGKILL)
-            self.trainer.wait(300)
+            self.stop_trainer(signal.SIGTERM if kind == "term-trainer" else signal.SIGKILL)
             self.start_trainer(steps)
         self.log.append({"fault": kind, "at": at, "took_s": round(time.time() - at, 1)})
 
+    def stop_trainer(self, sig: int) -> None:
+        """Send ``sig`` and wait for the exit; one that does not come within `EXIT_WAIT_S` is logged as a hang
+        (the verdict fails it) and the trainer is killed, so the run goes on."""
+        assert self.trainer is not None
+        self.trainer.send_signal(sig)
+        try:
+            self.trainer.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.log.append({"fault": "exit-hang", "at": time.time(), "took_s": EXIT_WAIT_S, "trainer": self.starts})
+            self.trainer.kill()
+            self.trainer.wait()
+
     def stop(self) -> None:
         if self.trainer is not None and self.trainer.poll() is None:
-            self.trainer.send_signal(signal.SIGTERM)
-            self.trainer.wait(300)
+            self.stop_trainer(signal.SIGTERM)
         for server in self.servers:
             os.kill(server.process.pid, signal.SIGCONT)
             server.stop()
@@ -157,13 +170,19 @@ def verdict(root: Path, faults: list[dict]) -> dict:
         "dropped_by_the_run": dropped,
         "doubled": len(trained) - len(set(trained)),
         "longest_gap_s": round(max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0), 1),
-        "faults": {kind: sum(f["fault"] == kind for f in faults) for kind in sorted({f["fault"] for f in faults})},
+        "faults": {
+            kind: sum(f["fault"] == kind for f in faults)
+            for kind in sorted({f["fault"] for f in faults} - {"exit-hang"})
+        },
         "fault_counters": {
             name: sum(rows[-1][1].get(name, 0.0) for rows in processes if rows) for name in FAULT_COUNTERS
         },
         "server_faults_seen": f"{sum(seen)}/{len(seen)}",
         "every_server_fault_seen": all(seen),
         "trainer_processes": len(processes),
+        # exits a stuck thread held until the trainer's watchdog ended them, and exits that never came
+        "held_exits": sum(HELD_EXIT in log.read_text() for log in root.glob("trainer*.log")),
+        "exit_hangs": sum(f["fault"] == "exit-hang" for f in faults),
     }
 
 
@@ -228,6 +247,7 @@ def main() -> None:
         chaos.stop()
     result = verdict(root, chaos.log)
     ok = result["lost"] == 0 and result["doubled"] == 0 and result["longest_gap_s"] < args.hang_s
+    ok = ok and result["held_exits"] == 0 and result["exit_hangs"] == 0
     result["ok"] = ok
     print(json.dumps(result, indent=2))
     run.write(

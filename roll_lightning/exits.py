@@ -6,22 +6,27 @@
   else is a bug and keeps its traceback. What counts as bad input is decided by `is_input_error`.
 - **SIGTERM** abandons the rollout in flight (`roll_lightning.rollout.datamodule`), stops the env servers and
   exits with status 143, like a process the signal killed; **SIGINT** (Ctrl-C) does exactly the same and exits
-  with 130. The last checkpoint is the last completed step; ``--ckpt_path last`` carries on from it.
+  with 130. The last checkpoint is the last completed step; ``--ckpt_path last`` carries on from it. A process
+  whose exit a stuck thread holds ends itself a minute later with the same status, naming the thread
+  (`exit_within`).
 - **The envs fail for good** (every env server down for longer than ``data.envs.outage_timeout_s``, or
   episodes failing group after group) prints one line naming the endpoints or the last error, and that the
-  checkpoints hold every completed step, and exits with status 1 (`is_env_failure`).
+  checkpoints hold every completed step, and exits with status 1 (`is_env_failure`). With several ranks, the
+  others stop at the same step with one line saying so (`is_peer_failure`).
 - **Negative numbers** as option values: ``--model.optim.lr -1e-4`` is read as ``--model.optim.lr=-1e-4``
   (argparse alone takes ``-1e-4`` for an option and fails with "expected one argument").
 """
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import importlib.util
 import os
 import signal
 import sys
 import threading
+import time
 from argparse import ArgumentError
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +39,7 @@ from roll_lightning.env_client.errors import EnvOutage, EpisodeFailed, EpisodesK
 DEBUG_ENV = "ROLL_DEBUG"
 _PROJECT_PACKAGES = ("roll_lightning", "env_servers")
 _RESUME_HINT = "resume with --ckpt_path last"
+EXIT_GRACE_S = 60.0  # how long a stopping process may take to exit once its run has ended (`exit_within`)
 
 
 def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = None) -> None:
@@ -53,8 +59,12 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
         except Exception as err:
             if debugging():
                 raise
+            if is_peer_failure(err):
+                exit_within(1)
+                fail(f"{err}; every step all ranks completed is checkpointed: {_RESUME_HINT}", 1)
             if is_env_failure(err):
                 what = err.detail if isinstance(err, EpisodeFailed) else str(err)  # without the status code's name
+                exit_within(1)
                 fail(f"{what}; every completed step is checkpointed: {_RESUME_HINT} once the envs are back", 1)
             if not is_input_error(err):
                 raise
@@ -74,6 +84,13 @@ def fail(message: str, status: int = 2) -> NoReturn:
 def is_env_failure(err: BaseException) -> bool:
     """The rollout stopped because the env servers failed for good (not bad input, not a bug)."""
     return isinstance(err, (EnvOutage, EpisodesKeepFailing))
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Another rank failed and this one stopped with it, at the same step (`roll_lightning.rollout.world_stop`;
+    looked up only if it was imported, which keeps this module free of torch)."""
+    module = sys.modules.get("roll_lightning.rollout.world_stop")
+    return module is not None and isinstance(err, module.PeerRankFailed)
 
 
 # -- bad input -------------------------------------------------------------------------------------------
@@ -225,11 +242,40 @@ def exit_stopped(stop: KeyboardInterrupt | SystemExit, sigints: list[int]) -> No
     if sigints or isinstance(stop, KeyboardInterrupt):
         # Lightning turns a KeyboardInterrupt into exit status 1 and a SIGTERM into 0; the status says the signal
         print(f"roll_lightning: stopped by SIGINT; {_RESUME_HINT}", file=sys.stderr)
+        exit_within(128 + signal.SIGINT)
         sys.exit(128 + signal.SIGINT)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     # a plain SystemExit(143) comes from the rollout's SIGTERM handler when no rollout was in flight to abandon
     if isinstance(stop, SIGTERMException) or (isinstance(stop, SystemExit) and stop.code == 128 + signal.SIGTERM):
         print(f"roll_lightning: stopped by SIGTERM; {_RESUME_HINT}", file=sys.stderr)
+        exit_within(128 + signal.SIGTERM)
         sys.exit(128 + signal.SIGTERM)
     raise stop
+
+
+def exit_within(status: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """End the process with ``status`` if its exit has not finished ``grace_s`` after it began, naming the threads
+    that held it and printing every thread's stack (so the one that held it can be fixed).
+
+    Called when a run stops early: interpreter exit waits for every non-daemon thread, and one stuck on something
+    the stop already closed would keep a preempted job, and its GPUs, forever. The clock starts when the
+    interpreter starts its exit, so a caller that catches the ``SystemExit`` and goes on is left alone."""
+    exiting = threading.Event()
+
+    def watchdog() -> None:
+        exiting.wait()
+        time.sleep(grace_s)
+        holding = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+        print(
+            f"roll_lightning: still exiting {grace_s:g}s after the run stopped, held by threads {holding}; "
+            f"ending with status {status} (every thread's stack follows)",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(status)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+    # called as interpreter exit begins, before it waits for the threads (concurrent.futures uses the same hook)
+    threading._register_atexit(exiting.set)  # type: ignore[attr-defined]

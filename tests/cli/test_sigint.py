@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.abc
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -116,3 +117,24 @@ def test_ctrl_c_while_the_cli_still_imports_is_one_line_and_130(
         entry()
     assert stop.value.code == 128 + signal.SIGINT
     assert capsys.readouterr().err == "roll_lightning: stopped by SIGINT; resume with --ckpt_path last\n"
+
+
+HELD_EXIT = """
+import signal, sys, threading
+from roll_lightning.exits import exit_within
+
+threading.Thread(target=threading.Event().wait, name="stuck-on-a-closed-loop").start()  # never ends, not a daemon
+exit_within(128 + signal.SIGTERM, grace_s=float(sys.argv[1]))
+sys.exit(128 + signal.SIGTERM)
+"""
+
+
+def test_an_exit_held_by_a_stuck_thread_ends_with_the_status_and_names_the_thread(tmp_path: Path) -> None:
+    """Interpreter exit waits for every non-daemon thread; a stopped run must end anyway (seen once in the chaos
+    drill: a trainer that printed "stopped by SIGTERM" and then waited for a thread until it was killed)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HELD_EXIT, "0.5"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "held by threads ['stuck-on-a-closed-loop']; ending with status 143" in proc.stderr
+    assert "in wait" in proc.stderr  # the stuck thread's stack

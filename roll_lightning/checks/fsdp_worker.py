@@ -1,13 +1,14 @@
 """One rollout step under FSDP2 on N ranks, each rank fed its own group of the handmade batch; rank 0 saves the
 full updated weights, and each rank its optimiser-step count to ``OUT.rank<r>``.
 
-    python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--backend gloo|nccl]
-        [--accelerator cpu|gpu] [--rank1-rows K]
+    python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--nodes M]
+        [--backend gloo|nccl] [--accelerator cpu|gpu] [--rank1-rows K]
 
 Run as its own process (Lightning starts the other ranks by running this command again): by the GPU check
 (NCCL over every visible GPU) and by tests/training/test_fsdp.py (gloo, 2 CPU ranks), each comparing the result
 with one process trained on all the groups. ``--rank1-rows K`` gives rank 1 only its first K rows (ranks with
-different row counts).
+different row counts). ``--nodes M``: the ranks span M nodes, and the command is started once per node with
+``NODE_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, as a cluster launcher does.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("algorithm_json")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--rank1-rows", type=int, default=None)
@@ -71,7 +73,8 @@ def main() -> None:
     trainer = L.Trainer(
         default_root_dir=Path(args.out).parent,
         accelerator=args.accelerator,
-        devices=args.ranks,
+        devices=args.ranks // args.nodes,
+        num_nodes=args.nodes,
         strategy=strategy,
         max_steps=-1,
         logger=False,

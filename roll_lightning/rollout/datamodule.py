@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, IterableDataset
 
 from roll_lightning.env_client import EnvOutage
@@ -34,6 +36,7 @@ from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
 from roll_lightning.rollout.tags import Lane
 from roll_lightning.rollout.vision import ImageEncoder
+from roll_lightning.rollout.world_stop import FAILED, GO, STOPPING, PeerRankFailed, WorldStop, quiet_lightning_notifier
 
 __all__ = ["EnvsConfig", "EvalConfig", "RolloutDataModule"]
 
@@ -83,6 +86,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.servers: EnvServers | None = None
         self.loop: RolloutLoop | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._watch: asyncio.Task[None] | None = None  # `WorldStop.watch`, with several ranks
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -95,6 +99,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.vision = ImageEncoder.load(self.model, self.tokenizer)
         self.loop = RolloutLoop(f"rollout-loop-rank{rank}")
+        if world > 1 and torch.distributed.is_initialized():
+            self.loop.world_stop = WorldStop(self.trainer.strategy.root_device)
+            quiet_lightning_notifier(self.trainer)
         try:
             self.call(self._start(rank, world))
         except BaseException:
@@ -120,6 +127,8 @@ class RolloutDataModule(L.LightningDataModule):
         )
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
+        if self.loop is not None and self.loop.world_stop is not None:
+            self._watch = asyncio.create_task(self.loop.world_stop.watch(self.loop))
 
     @property
     def eval_rollout(self) -> RolloutConfig:
@@ -149,6 +158,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.scheduler = self.engine = self.servers = None
 
     async def _stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self.scheduler is not None:
             self._pending_state = self.scheduler.state_dict()  # a checkpoint saved after fit still has it
             await self.scheduler.close()
@@ -172,10 +184,32 @@ class RolloutDataModule(L.LightningDataModule):
         if self.scheduler is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
         try:
-            return self.call(self.scheduler.get_batch(), interruptible=True)
+            return self._every_rank_or_none(self.scheduler.get_batch())
         except (EnvOutage, EpisodesKeepFailing):
             self._log_fault_totals()  # the run ends here: its fault counts must still reach the metrics
             raise
+
+    def _every_rank_or_none(self, rollout: Coroutine[Any, Any, T]) -> T:
+        """Run a rollout (interruptible: a signal abandons it) and, with several ranks, agree with the others
+        whether to use its batch: if any rank is stopping or failed, every rank raises here, at the same step
+        (`WorldStop`)."""
+        assert self.loop is not None
+        stop = self.loop.world_stop
+        try:
+            batch = self.call(rollout, interruptible=True)
+        except SIGTERMException:
+            if stop is not None:
+                stop.agree(STOPPING)
+            raise
+        except BaseException:
+            if stop is not None:
+                stop.agree(FAILED)
+            raise
+        if stop is not None and (verdict := stop.agree(GO)) != GO:
+            if verdict == FAILED:
+                raise PeerRankFailed("another rank's rollout failed (its log says why); this rank stops with it")
+            raise SIGTERMException(128 + (self.loop.terminating or signal.SIGTERM))
+        return batch
 
     def _log_fault_totals(self) -> None:
         if self.scheduler is None or not self._has_trainer():
@@ -221,7 +255,7 @@ class RolloutDataModule(L.LightningDataModule):
             finally:
                 await scheduler.close()
 
-        return self.call(play(), interruptible=True)
+        return self._every_rank_or_none(play())
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch.to(device) if isinstance(batch, RolloutBatch) else batch

@@ -8,7 +8,8 @@ rollout can take minutes. A call marked ``interruptible`` (training batches, eva
 Lightning's `SIGTERMException`; its groups were not trained on and are in no checkpoint, so ``--ckpt_path last``
 plays them again. The handler is chained in front of the one already installed (Lightning's, which stops between
 steps), so a SIGTERM during a training step waits for the step to finish. SIGINT (Ctrl-C) takes the same path:
-the CLI hands it to this handler (`roll_lightning.exits`).
+the CLI hands it to this handler (`roll_lightning.exits`). With several ranks, a signal to any of them stops all
+at the same step (`roll_lightning.rollout.world_stop`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import logging
 import signal
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from roll_lightning.rollout.world_stop import WorldStop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,6 +37,7 @@ class RolloutLoop:
         self._thread.start()
         self._inflight: concurrent.futures.Future[Any] | None = None
         self.terminating = 0  # the signal that is stopping the run (SIGTERM, or SIGINT passed on by the CLI)
+        self.world_stop: WorldStop | None = None  # with several ranks: tells them of a signal (`world_stop`)
         self._restore: Any = None
         self._install_sigterm_handler()
 
@@ -61,6 +66,13 @@ class RolloutLoop:
         finally:
             self._inflight = None
 
+    def stop(self, signum: int) -> None:
+        """Stop as ``signum`` asks: the interruptible call in flight, or the next one, raises `SIGTERMException`."""
+        self.terminating = signum
+        inflight = self._inflight
+        if inflight is not None:
+            inflight.cancel()
+
     def close(self) -> None:
         """Give SIGTERM back to the handler before ours, stop the loop and its thread."""
         if self._restore is not None and threading.current_thread() is threading.main_thread():
@@ -79,13 +91,13 @@ class RolloutLoop:
             return  # whoever started us chose to ignore SIGTERM
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            self.terminating = signum
             inflight = self._inflight
-            if inflight is not None:
-                inflight.cancel()
+            self.stop(signum)
+            if self.world_stop is not None:  # several ranks: all stop together at the next batch, none exits here
+                self.world_stop.announce(signum)
             if callable(previous):
                 previous(signum, frame)
-            elif inflight is None:  # no Lightning handler and nothing to cancel: the default action, but clean
+            elif inflight is None and self.world_stop is None:  # nothing to cancel: the default action, but clean
                 raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)

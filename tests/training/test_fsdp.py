@@ -1,9 +1,11 @@
-"""The same rollout batch gives the same update on 1 process and on 2 FSDP2 ranks (gloo, run as a subprocess)."""
+"""The same rollout batch gives the same update on 1 process and on 2 FSDP2 ranks (gloo, run as subprocesses, on
+one node or as two nodes)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +23,14 @@ TESTS = Path(__file__).parent.parent
 
 
 @pytest.mark.parametrize(
-    "algorithm", [{"estimator": "grpo"}, {"estimator": "grpo", "loss": "gspo"}], ids=["ppo", "gspo"]
+    ("algorithm", "nodes"),
+    [({"estimator": "grpo"}, 1), ({"estimator": "grpo", "loss": "gspo"}, 1), ({"estimator": "grpo"}, 2)],
+    ids=["ppo", "gspo", "ppo-two-nodes"],
 )
 def test_two_fsdp2_ranks_match_one_process(
-    model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: dict[str, Any]
+    model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: dict[str, Any], nodes: int
 ) -> None:
+    """``nodes``: the two ranks on one node (Lightning starts the second) or on two (``NODE_RANK`` 0 and 1)."""
     single = AgentRLModule(str(model_dir), algorithm=AlgorithmConfig(**algorithm), optim=OptimConfig(lr=1e-3))
     fit(single, handmade_batch(model_dir, tokenizer), tmp_path / "single")
 
@@ -35,15 +40,28 @@ def test_two_fsdp2_ranks_match_one_process(
         "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out), json.dumps(algorithm)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    command = [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out)]
+    if nodes == 1:
+        done = subprocess.run(
+            [*command, json.dumps(algorithm)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+    else:  # one process per node, as a cluster launcher starts them
+        port = str(random.randrange(20_000, 40_000))
+        nodes_env = [{**env, "NODE_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in (0, 1)]
+        procs = [
+            subprocess.Popen(
+                [*command, json.dumps(algorithm), "--nodes", "2"],
+                env=e,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+            )
+            for e in nodes_env
+        ]
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=600)
+            assert proc.returncode == 0, stderr[-4000:]
     sharded = torch.load(out)
     expected = single.actor.state_dict()
     assert set(sharded) == set(expected)

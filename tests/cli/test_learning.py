@@ -39,12 +39,13 @@ def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) ->
     later (from about step 700: +25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the
     FrozenLake test below covers a policy that reads its board."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
-    evals, train, stdout = learning_recipes["test_the_main_command_learns_sokoban"].result()
+    recipe = learning_recipes["test_the_main_command_learns_sokoban"]
+    evals, train, stdout = recipe.result()
     (_, before), (_, after) = evals
-    assert after - before >= 0.06, evals
+    assert after - before >= 0.06, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
-    assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first) + 0.03
+    assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first) + 0.03, recipe.diagnosis()
     # The terminal says so as it goes: one line per evaluation, the last with the change since the first.
     assert f"held-out success {100 * before:.1f}% after 0 rollout steps" in stdout
     assert f"held-out success {100 * after:.1f}% after {steps} rollout steps" in stdout
@@ -54,9 +55,10 @@ def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) ->
 def test_the_cpu_recipe_learns_frozenlake(learning_recipes: dict[str, Recipe]) -> None:
     """In the benchmark runs the policy was at +30 and +50 points at 400 steps, while a policy that only learned to
     answer validly gains about +12."""
-    evals, train, _ = learning_recipes["test_the_cpu_recipe_learns_frozenlake"].result()
+    recipe = learning_recipes["test_the_cpu_recipe_learns_frozenlake"]
+    evals, train, _ = recipe.result()
     (_, before), (_, after) = evals
-    assert after - before >= 0.20, evals
+    assert after - before >= 0.20, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first) + 0.15

@@ -86,6 +86,30 @@ class Recipe:
         assert [int(r["step"]) for r in train] == list(range(1, self.steps + 1))  # the x axis: steps from 1
         return evals, train, stdout
 
+    def diagnosis(self) -> str:
+        """What a failed learning assertion shows: every evaluation (success, invalid replies, the policy version
+        that played), the training rows in windows of 50 steps, and the end of the run's stderr (its warnings)."""
+        rows = list(csv.DictReader(next((self.folder / "run").rglob("metrics.csv")).open()))
+        lines = [
+            f"eval at step {r['step']}: success {r['eval/success_rate']}, invalid {r.get('eval/invalid_action_rate')},"
+            f" played by policy version {r.get('eval/policy_version')}"
+            for r in rows
+            if r.get("eval/success_rate")
+        ]
+        train = [r for r in rows if r.get("rollout/success_rate")]
+        for start in range(0, len(train), 50):
+            part = train[start : start + 50]
+            means = {
+                k: sum(float(r[k] or 0) for r in part) / len(part)
+                for k in ("rollout/success_rate", "rollout/invalid_action_rate", "train/grad_norm")
+                if k in part[0]
+            }
+            lines.append(
+                f"steps {part[0]['step']}-{part[-1]['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in means.items())
+            )
+        stderr = Path(self.stderr.name).read_text().splitlines()
+        return "\n".join([*lines, "stderr:", *stderr[-15:]])
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()

@@ -162,6 +162,8 @@ def verdict(root: Path, faults: list[dict]) -> dict:
     )
     times = sorted(t for rows in processes for t, _ in rows)
     seen = [_seen(fault, processes) for fault in faults if fault["fault"] in SERVER_FAULTS]
+    logs = [log.read_text() for log in sorted(root.glob("trainer*.log"))]
+    held = [text[text.index(HELD_EXIT) :] for text in logs if HELD_EXIT in text]
     return {
         "steps": max(steps, default=0),
         "groups_trained": len(set(trained)),
@@ -181,7 +183,8 @@ def verdict(root: Path, faults: list[dict]) -> dict:
         "every_server_fault_seen": all(seen),
         "trainer_processes": len(processes),
         # exits a stuck thread held until the trainer's watchdog ended them, and exits that never came
-        "held_exits": sum(HELD_EXIT in log.read_text() for log in root.glob("trainer*.log")),
+        "held_exits": len(held),
+        "held_exit_report": held[0][:4000] if held else "",  # which thread held the exit, and every stack
         "exit_hangs": sum(f["fault"] == "exit-hang" for f in faults),
     }
 

@@ -56,7 +56,10 @@ class WorldStop:
         """Abandon this rank's rollout in flight once another rank has announced a stop (runs on the loop)."""
         while not loop.terminating:
             await asyncio.sleep(self.poll_s)
-            signum = await asyncio.to_thread(self.announced)
+            try:
+                signum = await asyncio.to_thread(self.announced)
+            except Exception:  # the store lives on rank 0, which may already have left at the end of a run
+                return
             if signum and not loop.terminating:
                 log.warning("another rank received %s: stopping this rank too", signal.Signals(signum).name)
                 loop.stop(signum)

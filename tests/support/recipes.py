@@ -101,7 +101,14 @@ class Recipe:
             part = train[start : start + 50]
             means = {
                 k: sum(float(r[k] or 0) for r in part) / len(part)
-                for k in ("rollout/success_rate", "rollout/invalid_action_rate", "train/grad_norm")
+                for k in (
+                    "rollout/success_rate",
+                    "rollout/invalid_action_rate",
+                    "train/grad_norm",
+                    "train/logprob_gap",
+                    "train/ratio_max",
+                    "rollout/engine_busy_fraction",
+                )  # fmt: skip
                 if k in part[0]
             }
             lines.append(

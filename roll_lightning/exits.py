@@ -99,17 +99,24 @@ def is_peer_failure(err: BaseException) -> bool:
 def is_input_error(err: BaseException) -> bool:
     """Whether ``err`` reports bad input (one line) rather than a bug (a traceback).
 
-    Bad input is what the parser refuses (`ArgumentError`), the project's own named errors for settings that
-    cannot work (classes defined in this project that subclass `ValueError` or `ImportError`: `RolloutConfigError`,
-    `TrainingConfigError`, `EngineConfigError`, a damaged checkpoint, ...), and a `ValueError` or
-    `FileNotFoundError` raised by the project's own checks (a model name that is no folder, ...). A `ValueError`
-    raised deep inside torch or transformers is not: that one keeps its traceback.
+    Bad input is what the parser refuses (`ArgumentError`), what Lightning refuses as misconfigured, the project's
+    own named errors for settings that cannot work (classes defined in this project that subclass `ValueError` or
+    `ImportError`: `RolloutConfigError`, `TrainingConfigError`, `EngineConfigError`, a damaged checkpoint, ...),
+    and a `ValueError` or `FileNotFoundError` raised by the project's own checks (a model name that is no folder,
+    ...). A `ValueError` raised deep inside torch or transformers is not: that one keeps its traceback.
     """
-    if isinstance(err, ArgumentError):
+    if isinstance(err, ArgumentError) or _is_lightning_misconfiguration(err):
         return True
     if isinstance(err, (ValueError, ImportError)) and type(err).__module__.split(".")[0] in _PROJECT_PACKAGES:
         return True
     return isinstance(err, (ValueError, FileNotFoundError)) and _raised_by_project(err.__traceback__)
+
+
+def _is_lightning_misconfiguration(err: BaseException) -> bool:
+    """Lightning's name for a Trainer setting it refuses (``--trainer.max_time 00:00:1:00``: not DD:HH:MM:SS);
+    looked up only if Lightning was imported, which keeps this module free of it."""
+    module = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return module is not None and isinstance(err, module.MisconfigurationException)
 
 
 def _raised_by_project(tb: TracebackType | None) -> bool:

@@ -60,11 +60,9 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
             if debugging():
                 raise
             if is_peer_failure(err):
-                exit_within(1)
                 fail(f"{err}; every step all ranks completed is checkpointed: {_RESUME_HINT}", 1)
             if is_env_failure(err):
                 what = err.detail if isinstance(err, EpisodeFailed) else str(err)  # without the status code's name
-                exit_within(1)
                 fail(f"{what}; every completed step is checkpointed: {_RESUME_HINT} once the envs are back", 1)
             if not is_input_error(err):
                 raise
@@ -78,6 +76,7 @@ def debugging() -> bool:
 
 def fail(message: str, status: int = 2) -> NoReturn:
     print(f"roll_lightning: error: {message}", file=sys.stderr)
+    exit_within(status)
     sys.exit(status)
 
 

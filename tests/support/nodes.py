@@ -5,7 +5,6 @@ servers); the run folder is shared, as a cluster's shared filesystem is."""
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.cli import ROOT, cli_env
+from support.cli import cli_env, free_port
 from support.netns import IP, NetnsLab, netns_unavailable_reason
 
 TWO_NODES = [  # FSDP2 over gloo, one rank per node
@@ -48,7 +47,7 @@ def start_nodes(
 ) -> list[subprocess.Popen[str]]:
     """``python -m roll_lightning ARGS`` on every node, each in ``tmp/node<rank>``, node 0 the master (``more``:
     further arguments for some nodes, by rank)."""
-    port = random.randrange(20_000, 40_000)  # gloo's rendezvous on node 0's address (tests run one at a time)
+    port = free_port()  # gloo's rendezvous on node 0's address
     started = []
     for node in nodes:
         cwd = tmp / f"node{node.rank}"
@@ -65,7 +64,7 @@ def start_nodes(
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,  # a signal to one node reaches that node only
-            )  # fmt: skip
+            )
         )
     return started
 
@@ -82,6 +81,3 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[tup
             raise
         out.append((proc.returncode, stderr))
     return out
-
-
-__all__ = ["ROOT", "TWO_NODES", "Node", "finish", "start_nodes", "two_hosts"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.cli import free_port
 from test_module import fit
 
 from roll_lightning.checks.handmade import handmade_batch
@@ -47,7 +47,7 @@ def test_two_fsdp2_ranks_match_one_process(
         )
         assert done.returncode == 0, done.stderr[-4000:]
     else:  # one process per node, as a cluster launcher starts them
-        port = str(random.randrange(20_000, 40_000))
+        port = str(free_port())
         nodes_env = [{**env, "NODE_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in (0, 1)]
         procs = [
             subprocess.Popen(

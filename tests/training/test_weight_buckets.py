@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.cli import free_port
 
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams
@@ -346,15 +347,12 @@ def test_fsdp2_ranks_each_stream_the_gathered_weights_into_their_engine(
     the current bucket while each rank's engine loads; both engines end with exactly the unsharded weights."""
     import json
     import os
-    import socket
     import subprocess
     import sys
 
     script = tmp_path / "worker.py"
     script.write_text(FSDP2_WORKER)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     untied = [tiny_model(model_dir.parent, seed=1), model_dir]  # [trainer, the engine's start]
     tied = [tied_dir, tiny_model(model_dir.parent, seed=0, tie_word_embeddings=True)]
     models = json.dumps({"untied": list(map(str, untied)), "tied": list(map(str, tied))})

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.cli import free_port
 
 pytest.importorskip("mcp", reason="the optional [mcp] extra is not installed")
 
@@ -220,9 +221,7 @@ def test_bad_configs_and_ids_name_the_key():
 
 
 def test_streamable_http_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([*SERVER, "--http", str(port)], cwd=TESTS, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20

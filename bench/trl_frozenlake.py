@@ -1,6 +1,14 @@
 """TRL's `GRPOTrainer` on our FrozenLake recipe: the TRL side of a roll_lightning vs TRL side-by-side.
 
-    .venv/bin/python bench/trl_frozenlake.py --minutes 15 --out runs/trl_frozenlake [--seed 0] [--model tiny-words]
+    .venv/bin/python bench/trl_frozenlake.py --minutes 15 --out runs/trl_frozenlake [--seed 0]
+    .venv/bin/python bench/trl_frozenlake.py --minutes 15 --out runs/trl_smollm2 --config configs/frozenlake_llm.yaml \
+        --max-context-tokens 1024 --micro-episodes 4 [--no-held-out]
+
+The settings come from one of our configs (`bench/trl_recipe.Recipe`: group size, batch, optimiser steps, lr,
+advantage scaling, sampling, prompt, reply prefix, stop strings, bf16); what follows describes the default, the
+tiny model's recipe. With ``configs/frozenlake_llm.yaml`` (SmolLM2) the replies are sampled by ``model.generate``
+(TRL's own path without vLLM), cut at the ``</answer>`` stop string, and the reply prefix ``<answer>`` belongs to
+the prompt side (``env_mask`` 0), as in ours.
 
 The same model (``tiny-words``: Llama, hidden 64, 2 layers, 22-token vocabulary, random init, from
 `roll_lightning.models.resolve`), the same env (our FrozenLake server, launched locally, with the recipe's config
@@ -94,7 +102,6 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,130 +114,23 @@ import torch  # noqa: E402
 from roll_lightning.env_client import EnvPool, EnvSession  # noqa: E402
 from roll_lightning.env_client.local import launch_local_server  # noqa: E402
 from roll_lightning.models.resolve import resolve_model  # noqa: E402
-from roll_lightning.rollout.chat import TokenHistory  # noqa: E402
 from roll_lightning.rollout.ledger import group_seed  # noqa: E402
 from roll_lightning.rollout.loop import RolloutLoop  # noqa: E402
 
-ENV_ID = "frozenlake"
-# configs/frozenlake_learn.yaml, data.rollout
-ENV_CONFIG = {"size": 4, "is_slippery": False, "max_steps": 8, "lenient": True, "format_penalty": -0.1}
-GROUP_SIZE = 8  # data.rollout.group_size
-BATCH_EPISODES = 64  # data.rollout.batch_size
-MINI_BATCHES = 2  # model.algorithm.mini_batches
-LR = 5.0e-4  # model.optim.lr
-CLIP = 0.2  # the ppo loss's default clip_low / clip_high
-TEMPERATURE = 1.0  # data.rollout.episode.sampling.temperature (and data.evaluation.temperature)
-MAX_TURNS = 8  # data.rollout.episode.max_turns
-EVAL_EPISODES = 128  # data.evaluation.episodes
-MAX_CONTEXT_TOKENS = 256  # an 8-turn trajectory is 238 tokens on a 4x4 board (the recipe's 64 is for step rows)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.trl_recipe import CLIP, EpisodeResult, PlayTimes, Recipe, play_episodes  # noqa: E402
+
+TINY_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "frozenlake_learn.yaml"
 
 
-# -- episodes ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EpisodeResult:
-    seed: int
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    env_mask: list[int] = field(default_factory=list)  # 1: a sampled token, 0: the env's
-    logprobs: list[float] = field(default_factory=list)  # the sampled tokens' log-probs, 0.0 on the env's
-    ret: float = 0.0
-    success: bool = False
-    turns: int = 0
-    invalid: int = 0
-
-
-@dataclass
-class PlayTimes:
-    gen_s: float = 0.0
-    env_s: float = 0.0
-    total_s: float = 0.0
+# -- held-out play ------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
-def play_episodes(
-    model: Any,
-    tokenizer: Any,
-    sessions: list[EnvSession],
-    seeds: list[int],
-    run: Any,
-    *,
-    generator: torch.Generator,
-    temperature: float = TEMPERATURE,
-    max_turns: int = MAX_TURNS,
-    max_context_tokens: int = MAX_CONTEXT_TOKENS,
-) -> tuple[list[EpisodeResult], PlayTimes]:
-    """Play one episode per seed in lock-step (one batched forward per turn, one concurrent env step per turn).
-
-    ``run(coro)`` runs a coroutine on the env loop and returns its result. Each turn's context is the episode's
-    whole conversation so far, rendered by our `TokenHistory` (ChatML; the reply ids appended as sampled).
-    """
-    times = PlayTimes()
-    started = time.perf_counter()
-    stop_ids = {tokenizer.eos_token_id}
-    pad_id = tokenizer.pad_token_id
-    device = next(model.parameters()).device
-    t0 = time.perf_counter()
-    resets = run(_gather([s.reset(seed=seed) for s, seed in zip(sessions, seeds, strict=False)]))
-    times.env_s += time.perf_counter() - t0
-    histories = [TokenHistory(tokenizer) for _ in seeds]
-    results = []
-    for seed, history, reset in zip(seeds, histories, resets, strict=True):
-        results.append(EpisodeResult(seed, list(history.add_user(reset.observation))))
-    active = list(range(len(seeds)))
-    for _turn in range(max_turns):
-        active = [i for i in active if len(histories[i].ids) < max_context_tokens]  # our "context" end
-        if not active:
-            break
-        t0 = time.perf_counter()
-        lengths = torch.tensor([len(histories[i].ids) for i in active])
-        width = int(lengths.max())
-        input_ids = torch.full((len(active), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(active), width), dtype=torch.long)
-        for row, i in enumerate(active):  # right padding: causal attention keeps the real positions exact
-            input_ids[row, : lengths[row]] = torch.tensor(histories[i].ids)
-            attention[row, : lengths[row]] = 1
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
-        last = logits[torch.arange(len(active)), (lengths - 1).to(device)].float().cpu() / temperature
-        logp = torch.log_softmax(last, dim=-1)
-        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-        token_logp = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
-        actions = []
-        for row, i in enumerate(active):
-            token = int(tokens[row])
-            histories[i].add_reply([token], stop_ids)
-            results[i].completion_ids.append(token)
-            results[i].env_mask.append(1)
-            results[i].logprobs.append(float(token_logp[row]))
-            actions.append(tokenizer.decode([token], skip_special_tokens=True))  # what our runner sends
-        times.gen_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        outcomes = run(_gather([sessions[i].step(a) for i, a in zip(active, actions, strict=True)]))
-        times.env_s += time.perf_counter() - t0
-        still = []
-        for i, out in zip(active, outcomes, strict=True):
-            result = results[i]
-            result.ret += out.reward
-            result.turns += 1
-            result.invalid += not out.action_valid
-            if out.done:
-                result.success = out.metrics.get("success", 0.0) > 0  # the env's flag: the player is on G
-                continue
-            if result.turns < max_turns:  # the next turn's prompt delta belongs to the completion (env_mask 0)
-                delta = list(histories[i].add_user(out.observation))
-                result.completion_ids += delta
-                result.env_mask += [0] * len(delta)
-                result.logprobs += [0.0] * len(delta)
-            still.append(i)
-        active = still
-    times.total_s = time.perf_counter() - started
-    return results, times
-
-
 def evaluate(
     model: Any,
     tokenizer: Any,
+    recipe: Recipe,
     pool: EnvPool,
     seeds: list[int],
     *,
@@ -246,12 +146,14 @@ def evaluate(
     """
     own = sessions is None
     if own:
-        sessions = loop.call(_open_sessions(pool, len(seeds)))
+        sessions = loop.call(_open_sessions(pool, recipe, len(seeds)))
     was_training = model.training
     model.eval()
     try:
         generator = torch.Generator().manual_seed(generator_seed)
-        results, times = play_episodes(model, tokenizer, sessions[: len(seeds)], seeds, loop.call, generator=generator)
+        results, times = play_episodes(
+            model, tokenizer, recipe, sessions[: len(seeds)], seeds, loop.call, generator=generator
+        )
     finally:
         model.train(was_training)
         if own:
@@ -259,12 +161,8 @@ def evaluate(
     return _eval_summary(results, times)
 
 
-async def _gather(coros: list[Any]) -> list[Any]:
-    return list(await asyncio.gather(*coros))
-
-
-async def _open_sessions(pool: EnvPool, n: int) -> list[EnvSession]:
-    return list(await asyncio.gather(*(pool.open(ENV_ID, ENV_CONFIG) for _ in range(n))))
+async def _open_sessions(pool: EnvPool, recipe: Recipe, n: int) -> list[EnvSession]:
+    return list(await asyncio.gather(*(pool.open(recipe.env_id, recipe.env_config) for _ in range(n))))
 
 
 async def _close_sessions(sessions: list[EnvSession]) -> None:
@@ -300,13 +198,15 @@ def peak_rss_mb() -> float:
 class Bench:
     """The run's shared state: env loop and sessions, the per-update timing, the jsonl writer."""
 
-    def __init__(self, args: argparse.Namespace, tokenizer: Any, loop: RolloutLoop, pool: EnvPool) -> None:
-        self.args, self.tokenizer, self.loop, self.pool = args, tokenizer, loop, pool
+    def __init__(
+        self, args: argparse.Namespace, recipe: Recipe, tokenizer: Any, loop: RolloutLoop, pool: EnvPool
+    ) -> None:
+        self.args, self.recipe, self.tokenizer, self.loop, self.pool = args, recipe, tokenizer, loop, pool
         self.out = Path(args.out)
         self.metrics = open(self.out / "trl_metrics.jsonl", "a", buffering=1)  # noqa: SIM115
         self.sessions: list[EnvSession] = []
         self.generator = torch.Generator().manual_seed(args.seed)
-        self.eval_seeds = [group_seed(args.seed, i, "eval") for i in range(args.eval_episodes)]
+        self.eval_seeds = [group_seed(args.seed, i, "eval") for i in range(recipe.eval_episodes)]
         self.t0 = 0.0  # wall-clock start of the budget
         self.last_eval_t = 0.0
         self.update = 0
@@ -319,7 +219,7 @@ class Bench:
         self.evals: list[dict[str, Any]] = []
 
     def open_sessions(self, n: int) -> None:
-        self.sessions = self.loop.call(_open_sessions(self.pool, n))
+        self.sessions = self.loop.call(_open_sessions(self.pool, self.recipe, n))
 
     def write(self, record: dict[str, Any]) -> None:
         self.metrics.write(json.dumps(record) + "\n")
@@ -327,7 +227,7 @@ class Bench:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    # the rollout_func: one episode per prompt; prompts arrive as GROUP_SIZE copies of one seed in a row
+    # the rollout_func: one episode per prompt; prompts arrive as group_size copies of one seed in a row
     def rollout_func(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
         g = trainer.num_generations
         if len(prompts) % g or any(prompts[k] != prompts[k - k % g] for k in range(len(prompts))):
@@ -337,8 +237,9 @@ class Bench:
             raise RuntimeError(f"{len(seeds)} episodes asked for, {len(self.sessions)} sessions open")
         model = trainer.accelerator.unwrap_model(trainer.model)
         results, times = play_episodes(
-            model, self.tokenizer, self.sessions[: len(seeds)], seeds, self.loop.call, generator=self.generator
-        )
+            model, self.tokenizer, self.recipe, self.sessions[: len(seeds)], seeds, self.loop.call,
+            generator=self.generator,
+        )  # fmt: skip
         n = len(results)
         turns = sum(r.turns for r in results)
         self.rollout = {
@@ -370,7 +271,7 @@ class Bench:
         model.save_pretrained(ckpt)
         self.tokenizer.save_pretrained(ckpt)
         stats = evaluate(
-            model, self.tokenizer, self.pool, self.eval_seeds, loop=self.loop, sessions=self.sessions,
+            model, self.tokenizer, self.recipe, self.pool, self.eval_seeds, loop=self.loop, sessions=self.sessions,
             generator_seed=self.args.seed,
         )  # fmt: skip
         record = {"kind": "eval", "elapsed_s": round(elapsed, 2), "update": self.update, "ckpt": str(ckpt), **stats}
@@ -467,7 +368,7 @@ def make_callback(bench: Bench, steps_per_update: int) -> Any:
             now = time.perf_counter()
             if bench.elapsed() >= bench.args.minutes * 60:
                 control.should_training_stop = True
-            elif now - bench.last_eval_t >= bench.args.eval_every_s:
+            elif not bench.args.no_held_out and now - bench.last_eval_t >= bench.args.eval_every_s:
                 bench.run_eval(kwargs["model"])
 
     return BenchCallback()
@@ -481,9 +382,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, required=True, help="wall-clock budget (evaluations included)")
     ap.add_argument("--out", required=True, help="output folder (trl_metrics.jsonl, ckpt_<elapsed_s>/)")
     ap.add_argument("--seed", type=int, default=0, help="run seed: TRL's seed and group_seed's run seed")
-    ap.add_argument("--model", default="tiny-words", help="a resolve_model name or a local HF folder")
+    ap.add_argument("--config", default=str(TINY_CONFIG), help="our recipe whose settings TRL takes (`Recipe`)")
+    ap.add_argument("--model", default=None, help="a resolve_model name or a local HF folder (default: the recipe's)")
+    ap.add_argument(
+        "--max-context-tokens", type=int, default=256, help="an episode's token budget (trajectory rows: 256 fits "
+        "8 turns of the tiny recipe)",
+    )  # fmt: skip
+    ap.add_argument("--micro-episodes", type=int, default=None, help="episodes per forward+backward (default: a "
+                    "mini-batch)")  # fmt: skip
     ap.add_argument("--eval-every-s", type=float, default=60.0, help="seconds between held-out evaluations")
-    ap.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES)
+    ap.add_argument("--no-held-out", action="store_true", help="no held-out play (a throughput-only run)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument(
         "--max-updates", type=int, default=10_000, help="dataset size in updates (8 boards each): a bound, not a goal"
@@ -505,29 +413,33 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig
 
-    model_path = resolve_model(args.model)
+    recipe = Recipe.from_config(args.config, args.max_context_tokens, args.micro_episodes)
+    model_path = resolve_model(args.model or recipe.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)  # bf16: autocast, as ours
 
-    steps_per_update = MINI_BATCHES
+    steps_per_update = recipe.mini_batches
+    mini_episodes = recipe.batch_episodes // recipe.mini_batches
+    accumulation = mini_episodes // recipe.micro_episodes
     config = GRPOConfig(
         output_dir=str(out / "trl_out"),
         seed=args.seed,
         data_seed=args.seed,
         use_cpu=True,
-        bf16=False,
+        bf16=recipe.dtype == "bfloat16",
         fp16=False,
         gradient_checkpointing=False,
-        # one update = 64 episodes (8 boards x 8), 2 optimiser steps of 32 episodes
-        num_generations=GROUP_SIZE,
-        per_device_train_batch_size=BATCH_EPISODES // MINI_BATCHES,
-        gradient_accumulation_steps=1,
-        steps_per_generation=MINI_BATCHES,
+        # one update = a batch of episodes (e.g. 8 boards x 8), `mini_batches` optimiser steps, each accumulating
+        # micro-batches of `micro_episodes`
+        num_generations=recipe.group_size,
+        per_device_train_batch_size=recipe.micro_episodes,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=recipe.mini_batches * accumulation,
         num_iterations=1,
         max_steps=args.max_updates * steps_per_update,
         shuffle_dataset=False,  # groups in order 0, 1, 2, ... like our ledger
         # the objective
-        learning_rate=LR,
+        learning_rate=recipe.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
@@ -539,11 +451,13 @@ def main(argv: list[str] | None = None) -> int:
         beta=0.0,
         epsilon=CLIP,
         epsilon_high=CLIP,
-        loss_type="bnpo",
-        scale_rewards="group",
+        # our token-mean over a mini-batch: "bnpo" when a mini-batch is one micro-batch; "dapo" when the batch is
+        # one mini-batch of several micro-batches (trl/trainer/grpo_trainer.py:3168-3173)
+        loss_type="bnpo" if accumulation == 1 else "dapo",
+        scale_rewards="group" if recipe.norm_by_std else "none",
         mask_truncated_completions=False,
-        temperature=TEMPERATURE,
-        max_completion_length=MAX_CONTEXT_TOKENS,
+        temperature=recipe.temperature,
+        max_completion_length=recipe.max_context_tokens,
         # bookkeeping
         eval_strategy="no",
         save_strategy="no",
@@ -557,19 +471,20 @@ def main(argv: list[str] | None = None) -> int:
     dataset = Dataset.from_dict(
         {
             "prompt": [
-                str(group_seed(args.seed, g, "train")) for g in range(args.max_updates * BATCH_EPISODES // GROUP_SIZE)
+                str(group_seed(args.seed, g, "train"))
+                for g in range(args.max_updates * recipe.batch_episodes // recipe.group_size)
             ]
         }
     )
 
-    server = launch_local_server([ENV_ID])
+    server = launch_local_server([recipe.env_id])
     loop = RolloutLoop("trl-env-loop")
     pool = EnvPool([server.address])
     bench: Bench | None = None
     try:
         loop.call(pool.start())
-        bench = Bench(args, tokenizer, loop, pool)
-        bench.open_sessions(max(BATCH_EPISODES, args.eval_episodes))
+        bench = Bench(args, recipe, tokenizer, loop, pool)
+        bench.open_sessions(max(recipe.batch_episodes, recipe.eval_episodes))
         trainer_class = make_trainer_class()
         trainer = trainer_class(
             model=model,
@@ -585,17 +500,18 @@ def main(argv: list[str] | None = None) -> int:
         trainer.add_callback(make_callback(bench, steps_per_update))
 
         bench.t0 = time.perf_counter()
-        bench.run_eval(trainer.model)  # elapsed 0, like our at_fit_start
+        if not args.no_held_out:
+            bench.run_eval(trainer.model)  # elapsed 0, like our at_fit_start
         trainer.train()
-        if bench.evals[-1]["update"] != bench.update or len(bench.evals) == 1:
+        if not args.no_held_out and (bench.evals[-1]["update"] != bench.update or len(bench.evals) == 1):
             bench.run_eval(trainer.model)  # the end
         summary = bench.summary()
         bench.write(summary)
         print(
             f"[summary] updates {summary['updates']}, median {summary['median_s_per_update']} s/update, "
             f"{summary['episodes_per_s']} episodes/s, {summary['gen_tokens_per_s']} generated tokens/s, "
-            f"peak RSS {summary['peak_rss_mb']:.0f} MB, held-out success {summary['heldout_success_first']:.3f} -> "
-            f"{summary['heldout_success_last']:.3f} (elapsed {summary['elapsed_s']:.0f}s)",
+            f"peak RSS {summary['peak_rss_mb']:.0f} MB, held-out success {summary['heldout_success_first']} -> "
+            f"{summary['heldout_success_last']} (elapsed {summary['elapsed_s']:.0f}s)",
             flush=True,
         )
     finally:

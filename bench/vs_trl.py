@@ -15,9 +15,14 @@ once a minute and at the end, evaluations inside the budget on both sides. Repor
 the rounds: seconds per update, episodes/s, generated tokens/s, the trainer process's peak RSS (env servers
 excluded on both sides), held-out success at the end and the first time it was 30 points above the start.
 
+``--model smollm2`` runs the same three on ``configs/frozenlake_llm.yaml`` (SmolLM2-135M-Instruct, the LLM
+recipe's settings; GRPO on trajectory rows, since GiGPO needs step rows), without held-out play (`SETUPS`).
+
 Run:  .venv/bin/python bench/vs_trl.py --minutes 10 --rounds 3      (about 1.5 hours)
       .venv/bin/python bench/vs_trl.py --minutes 1 --rounds 1       (a quick look)
-Writes bench/results/vs_trl-<utc time>/{<variant>-<round>/..., summary.json} and prints a markdown table.
+      .venv/bin/python bench/vs_trl.py --model smollm2 --minutes 6 --rounds 1   (about 21 minutes)
+Writes bench/results/vs_trl[_smollm2]-<utc time>/{<variant>-<round>/..., summary.json} (or ``--out``) and prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,28 +46,61 @@ if str(REPO) not in sys.path:
 from bench.support.results import Run  # noqa: E402
 
 VARIANTS = ("ours", "ours-trajectory", "trl")
-TRAJECTORY = ["--data.rollout.episode.layout", "trajectory", "--data.rollout.episode.max_context_tokens", "256"]
 GAIN = 0.30  # the held-out gain whose first time is reported
 
 
-def command(variant: str, minutes: float, out: Path) -> list[str]:
+@dataclass(frozen=True)
+class Setup:
+    """One model's recipe on both sides."""
+
+    config: str  # ours as shipped; the TRL side reads its settings from it too (`bench/trl_recipe.Recipe`)
+    context_tokens: int  # trajectory rows: an 8-turn episode must fit
+    trajectory: tuple[str, ...] = ()  # what else ours needs on trajectory rows
+    trl: tuple[str, ...] = ()  # what else the TRL side needs
+    held_out: bool = True  # evaluate on the held-out boards (SmolLM2: 64 episodes cost ~3 min on one thread)
+
+
+SETUPS = {
+    "tiny": Setup("configs/frozenlake_learn.yaml", 256),
+    # GiGPO needs step rows: on trajectory rows both sides run GRPO (mean-centred, as the recipe's norm_by_std)
+    "smollm2": Setup(
+        "configs/frozenlake_llm.yaml", 1024, ("--model.algorithm.estimator", "grpo"),
+        ("--micro-episodes", "4"), held_out=False,
+    ),
+}  # fmt: skip
+
+
+def command(variant: str, setup: Setup, minutes: float, out: Path) -> list[str]:
     if variant == "trl":
-        return [sys.executable, str(REPO / "bench" / "trl_frozenlake.py"), "--minutes", str(minutes), "--out", str(out)]
+        return [
+            sys.executable, str(REPO / "bench" / "trl_frozenlake.py"), "--minutes", str(minutes), "--out", str(out),
+            "--config", str(REPO / setup.config), "--max-context-tokens", str(setup.context_tokens), *setup.trl,
+            *(() if setup.held_out else ("--no-held-out",)),
+        ]  # fmt: skip
     budget = f"00:00:{int(minutes):02d}:{round(60 * (minutes % 1)):02d}"  # Lightning's DD:HH:MM:SS
+    trajectory = [
+        "--data.rollout.episode.layout", "trajectory",
+        "--data.rollout.episode.max_context_tokens", str(setup.context_tokens), *setup.trajectory,
+    ]  # fmt: skip
+    evaluation = ["--trainer.val_check_interval", "100"]
+    if not setup.held_out:
+        evaluation = ["--data.evaluation.at_fit_start", "false", "--data.evaluation.during_fit", "false"]
     return [
-        sys.executable, "-m", "roll_lightning", "fit", "--config", str(REPO / "configs" / "frozenlake_learn.yaml"),
-        "--model.rollout_steps", "1000000", "--trainer.max_time", budget, "--trainer.val_check_interval", "100",
+        sys.executable, "-m", "roll_lightning", "fit", "--config", str(REPO / setup.config),
+        "--model.rollout_steps", "1000000", "--trainer.max_time", budget, *evaluation,
         "--trainer.default_root_dir", str(out), "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(out),
-        *(TRAJECTORY if variant == "ours-trajectory" else []),
+        *(trajectory if variant == "ours-trajectory" else []),
     ]  # fmt: skip
 
 
-def run_one(variant: str, minutes: float, out: Path) -> dict[str, Any]:
+def run_one(variant: str, setup: Setup, minutes: float, out: Path) -> dict[str, Any]:
     """Run a variant to its end; its measures (`ours_measures` / `trl_measures`) and its peak RSS."""
     out.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ROLL_LIGHTNING_CACHE": str(out.parent / "cache")}
     with (out / "stderr.txt").open("w") as err:
-        proc = subprocess.Popen(command(variant, minutes, out), cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            command(variant, setup, minutes, out), cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{variant} failed (status {status}); see {out / 'stderr.txt'}")
@@ -74,14 +113,18 @@ def ours_measures(out: Path) -> dict[str, Any]:
     rows = list(csv.DictReader(next(out.rglob("metrics.csv")).open()))
     steps = [r for r in rows if r.get("timing/step_s")]
     elapsed = {int(r["step"]): float(r["timing/elapsed_s_total"]) for r in steps if r.get("timing/elapsed_s_total")}
-    evals = [(elapsed.get(int(r["step"]), 0.0), float(r["eval/success_rate"])) for r in rows if r["eval/success_rate"]]
+    evals = [
+        (elapsed.get(int(r["step"]), 0.0), float(r["eval/success_rate"])) for r in rows if r.get("eval/success_rate")
+    ]
     seconds = sum(float(r["timing/step_s"]) for r in steps)
     episodes = sum(float(r["rollout/episodes"]) for r in steps)
+    env_steps = sum(float(r["rollout/episodes"]) * float(r["rollout/turns_mean"]) for r in steps)
     tokens = sum(
         float(r["rollout/episodes"]) * float(r["rollout/turns_mean"]) * float(r["rollout/response_tokens_mean"])
         for r in steps
     )
-    return summary(len(steps), [float(r["timing/step_s"]) for r in steps], episodes, tokens, seconds, evals)
+    update_s = [float(r["timing/step_s"]) for r in steps]
+    return summary(len(steps), update_s, episodes, env_steps, tokens, seconds, evals)
 
 
 def trl_measures(out: Path) -> dict[str, Any]:
@@ -90,34 +133,39 @@ def trl_measures(out: Path) -> dict[str, Any]:
     evals = [(r["elapsed_s"], r["success_rate"]) for r in rows if r["kind"] == "eval"]
     seconds = sum(r["wall_s"] for r in updates)
     episodes, tokens = sum(r["episodes"] for r in updates), sum(r["gen_tokens"] for r in updates)
-    return summary(len(updates), [r["wall_s"] for r in updates], episodes, tokens, seconds, evals)
+    env_steps = sum(r["env_steps"] for r in updates)
+    return summary(len(updates), [r["wall_s"] for r in updates], episodes, env_steps, tokens, seconds, evals)
 
 
 def summary(
     updates: int,
     update_s: list[float],
     episodes: float,
+    env_steps: float,
     tokens: float,
     seconds: float,
     evals: list[tuple[float, float]],
 ) -> dict[str, Any]:
-    first = evals[0][1]
-    reached = next((t for t, s in evals if s - first >= GAIN - 1e-9), None)
+    first = evals[0][1] if evals else None
+    reached = next((t for t, s in evals if s - first >= GAIN - 1e-9), None) if evals else None
     return {
         "updates": updates,
         "s_per_update": round(statistics.median(update_s), 3),
-        "episodes_per_s": round(episodes / seconds, 1),
+        "episodes_per_s": round(episodes / seconds, 2),
+        "env_steps_per_s": round(env_steps / seconds, 2),
         "gen_tokens_per_s": round(tokens / seconds, 1),
-        "heldout_first": round(first, 3),
-        "heldout_last": round(evals[-1][1], 3),
+        "heldout_first": None if first is None else round(first, 3),
+        "heldout_last": round(evals[-1][1], 3) if evals else None,
         "s_to_plus_30": None if reached is None else round(reached, 1),
         "evals": [(round(t, 1), round(s, 3)) for t, s in evals],
     }
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("updates", "s_per_update", "episodes_per_s", "gen_tokens_per_s", "peak_rss_mb", "heldout_first")
-    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in (*keys, "heldout_last")}
+    keys = ("updates", "s_per_update", "episodes_per_s", "env_steps_per_s", "gen_tokens_per_s", "peak_rss_mb")
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in keys}
+    for k in ("heldout_first", "heldout_last"):
+        out[k] = None if None in (r[k] for r in runs) else statistics.median(r[k] for r in runs)
     reached = [r["s_to_plus_30"] for r in runs]
     out["s_to_plus_30"] = statistics.median(reached) if None not in reached else reached
     return out
@@ -128,29 +176,34 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--model", default="tiny", choices=sorted(SETUPS), help="whose recipe (`SETUPS`)")
+    parser.add_argument("--out", type=Path, default=None, help="the run folder (default bench/results/vs_trl-<time>)")
     args = parser.parse_args()
-    run = Run("vs_trl", quick=args.minutes < 5)
-    folder = run.directory()
+    setup = SETUPS[args.model]
+    run = Run("vs_trl" if args.model == "tiny" else f"vs_trl_{args.model}", quick=args.minutes < 5)
+    folder = run.directory(args.out)
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
     for k in range(args.rounds):
         for variant in args.variants:
             started = time.time()
-            result = run_one(variant, args.minutes, folder / f"{variant}-{k}")
+            result = run_one(variant, setup, args.minutes, folder / f"{variant}-{k}")
             results[variant].append(result)
             print(f"round {k} {variant}: {json.dumps(result)} ({time.time() - started:.0f} s)", flush=True)
     table = {v: medians(rs) for v, rs in results.items()}
     import trl
 
-    run.write({"machine": {"trl": trl.__version__}, "runs": results, "medians": table}, folder / "summary.json")
+    machine = {"trl": trl.__version__, "model": args.model, "config": setup.config}
+    run.write({"machine": machine, "runs": results, "medians": table}, folder / "summary.json")
     print(
-        "| variant | updates | s/update | episodes/s | gen tokens/s | peak RSS MB | held-out first -> last | s to +30 |"
+        "| variant | updates | s/update | episodes/s | env steps/s | gen tokens/s | peak RSS MB | held-out | s to +30 |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for variant, m in table.items():
+        held = "-" if m["heldout_first"] is None else f"{m['heldout_first']:.3f} -> {m['heldout_last']:.3f}"
         print(
-            f"| {variant} | {m['updates']:g} | {m['s_per_update']:.3f} | {m['episodes_per_s']:.1f} | "
-            f"{m['gen_tokens_per_s']:.1f} | {m['peak_rss_mb']:.0f} | {m['heldout_first']:.3f} -> "
-            f"{m['heldout_last']:.3f} | {m['s_to_plus_30']} |"
+            f"| {variant} | {m['updates']:g} | {m['s_per_update']:.3f} | {m['episodes_per_s']:.2f} | "
+            f"{m['env_steps_per_s']:.2f} | {m['gen_tokens_per_s']:.1f} | {m['peak_rss_mb']:.0f} | {held} | "
+            f"{m['s_to_plus_30']} |"
         )
     print(run.footer())
 

@@ -38,7 +38,7 @@ import torch
 
 from roll_lightning.algorithms import Estimator
 from roll_lightning.algorithms.aggregation import masked_mean
-from roll_lightning.algorithms.correction import Correction, importance_weights
+from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.datamodule import rollout_of
@@ -223,7 +223,15 @@ class AgentRLModule(L.LightningModule):
                 )
                 out.update({f"train/{k}": float(v) for k, v in correction.metrics.items()})
                 correction = correction if c.applied else None
-            ref_logp = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
+            inputs = UpdateInputs(
+                old_logp=old_logp,
+                advantages=advantages,
+                ref_logp=self._reference_logprobs(batch) if algo.kl_coef > 0 else None,
+                returns=returns,
+                old_values=values,
+                is_weights=correction.weights if correction is not None else None,
+                policy_mask=correction.mask if correction is not None else None,
+            )
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
         steps = 0
@@ -234,18 +242,7 @@ class AgentRLModule(L.LightningModule):
             order = rows[torch.randperm(len(rows), generator=generator)]
             for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
-                step_metrics = self._optimizer_step(
-                    opt,
-                    batch,
-                    mini.tolist(),
-                    old_logp,
-                    ref_logp,
-                    advantages,
-                    returns,
-                    values,
-                    correction,
-                    old_from_forward=from_update,
-                )
+                step_metrics = self._optimizer_step(opt, batch, mini.tolist(), inputs, old_from_forward=from_update)
                 if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
                 for k, v in step_metrics.items():
@@ -280,23 +277,12 @@ class AgentRLModule(L.LightningModule):
         return int(tensor.item())
 
     def _optimizer_step(
-        self,
-        opt: Any,
-        batch: RolloutBatch,
-        rows: list[int],
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        advantages: torch.Tensor,
-        returns: torch.Tensor | None,
-        old_values: torch.Tensor | None,
-        correction: Correction | None = None,
-        *,
-        old_from_forward: bool = False,
+        self, opt: Any, batch: RolloutBatch, rows: list[int], inputs: UpdateInputs, *, old_from_forward: bool = False
     ) -> dict[str, float]:
         algo = self.algorithm
         objective = self.objective
         mask = batch.response_mask
-        weights, policy_mask = (correction.weights, correction.mask) if correction is not None else (None, None)
+        policy_mask = inputs.policy_mask
         # the whole mini-batch's denominators: each micro-batch adds N_k / D
         divisors = objective.divisors(mask[rows], policy_mask[rows] if policy_mask is not None else None)
         total_tokens = float(mask[rows].sum())
@@ -308,10 +294,8 @@ class AgentRLModule(L.LightningModule):
         for plan in plans:
             micro_rows = [rows[i] for i in plan] or [0]
             part = trim(batch, micro_rows, pad_to_batch=self.micro_batcher.pads_to_batch)
-            width = part.input_ids.shape[1]
-            tensors = (old_logp, ref_logp, advantages, returns, old_values, weights, policy_mask)
-            picked = [_pick(x, micro_rows, width) for x in tensors]
-            loss, metrics = self._micro_loss(objective, divisors, part, *picked, old_from_forward=old_from_forward)
+            picked = inputs.rows(micro_rows, part.input_ids.shape[1])
+            loss, metrics = self._micro_loss(objective, divisors, part, picked, old_from_forward=old_from_forward)
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
             for k, v in metrics.items():  # parts of the loss add up; means are weighted by the tokens they cover
@@ -332,20 +316,15 @@ class AgentRLModule(L.LightningModule):
         objective: Objective,
         divisors: Divisors,
         part: RolloutBatch,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        advantages: torch.Tensor,
-        returns: torch.Tensor | None,
-        old_values: torch.Tensor | None,
-        is_weights: torch.Tensor | None = None,
-        policy_mask: torch.Tensor | None = None,
+        inputs: UpdateInputs,
         *,
         old_from_forward: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`).
-        ``old_from_forward``: the old log-probs are this forward's, detached (``old_logp`` holds the engine's,
-        for the gap only)."""
+        ``old_from_forward``: the old log-probs are this forward's, detached (``inputs.old_logp`` holds the
+        engine's, for the gap only)."""
         mask = part.response_mask
+        old_logp = inputs.old_logp
         with_entropy = objective.entropy_coef > 0
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
         # the first step's forward still has the weights that sampled: its gap to the engine's log-probs
@@ -357,11 +336,13 @@ class AgentRLModule(L.LightningModule):
                 logp.detach(), old_logp, mask, mode="none", level=c.level, span=c.span, cap=c.cap
             ).metrics
             old_logp = logp.detach()
-        values = self.critic(part) if self.critic is not None and returns is not None else None
-        inputs = MicroInputs(
-            logp, old_logp, advantages, mask, entropy, ref_logp, values, old_values, returns, is_weights, policy_mask
-        )
-        loss, metrics = objective(inputs, divisors)
+        values = self.critic(part) if self.critic is not None and inputs.returns is not None else None
+        micro = MicroInputs(
+            logp=logp, old_logp=old_logp, advantages=inputs.advantages, mask=mask, entropy=entropy,
+            ref_logp=inputs.ref_logp, values=values, old_values=inputs.old_values, returns=inputs.returns,
+            is_weights=inputs.is_weights, policy_mask=inputs.policy_mask,
+        )  # fmt: skip
+        loss, metrics = objective(micro, divisors)
         metrics.update(measured)
         if gap is not None:
             metrics["logprob_gap"] = gap
@@ -512,12 +493,29 @@ def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
     return out
 
 
-def _pick(x: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor | None:
-    """``x``'s values for a micro-batch's rows, cut to its width."""
-    if x is None:
-        return None
-    x = x[rows]
-    return x[:, :width] if x.dim() == 2 else x
+@dataclasses.dataclass(frozen=True)
+class UpdateInputs:
+    """What a batch's optimiser steps read besides the batch, made once by the no-grad passes before them: each
+    ``[B]`` or ``[B, L]`` (a dataclass, so no two tensors can swap places on the way to the loss)."""
+
+    old_logp: torch.Tensor  # the PPO ratio's denominator (the engine's or recomputed)
+    advantages: torch.Tensor
+    ref_logp: torch.Tensor | None = None  # the reference policy's (KL)
+    returns: torch.Tensor | None = None  # the value targets (PPO-GAE)
+    old_values: torch.Tensor | None = None  # the critic's values before the update (value clipping)
+    is_weights: torch.Tensor | None = None  # the off-policy correction's weights ...
+    policy_mask: torch.Tensor | None = None  # ... and the tokens it keeps
+
+    def rows(self, rows: list[int], width: int) -> UpdateInputs:
+        """The values of a micro-batch's rows, cut to its width."""
+
+        def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            x = x[rows]
+            return x[:, :width] if x.dim() == 2 else x
+
+        return UpdateInputs(**{f.name: pick(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
 def _silent_rows(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from roll_lightning.env_client.errors import RETRYABLE, EpisodeFailed
+from roll_lightning.env_client.errors import RETRIED_CODES, EpisodeFailed
 from roll_lightning.protocol.v1 import env_pb2 as pb
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
@@ -90,7 +90,7 @@ class EnvClient:
             try:
                 return await attempt(remaining)
             except grpc.aio.AioRpcError as err:
-                if err.code() not in RETRYABLE or (err.details() or "").startswith("draining"):
+                if err.code() not in RETRIED_CODES or (err.details() or "").startswith("draining"):
                     raise self._failed(err, session_id) from err  # a draining server will not take it later
                 if first:  # calls that needed a retry, however many tries each took
                     self.retried_calls, first = self.retried_calls + 1, False

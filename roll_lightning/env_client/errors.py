@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 
 # Codes after which the same request may be sent again (the server replays it by request_id).
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
 class EpisodeFailed(Exception):

@@ -7,25 +7,25 @@ import asyncio
 from typing import Any
 
 from roll_lightning.rollout.agent_runner import run_agent_episode
-from roll_lightning.rollout.engines.base import GenerationEngine
+from roll_lightning.rollout.engines.base import Generates
 from roll_lightning.rollout.episode import Episode
-from roll_lightning.rollout.tags import Lane
+from roll_lightning.rollout.tags import LaneSpec
 
 
 class AgentLanes:
     """Starts each agent lane's endpoint on first use (answered by ``engine``, the scheduler's gated engine) and
     plays its episodes."""
 
-    def __init__(self, engine: GenerationEngine, tokenizer: Any) -> None:
+    def __init__(self, engine: Generates, tokenizer: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.endpoints: dict[str, Any] = {}
         self._lock = asyncio.Lock()
 
-    async def play(self, lane: Lane, episode: Episode) -> Episode:
+    async def play(self, lane: LaneSpec, episode: Episode) -> Episode:
         assert lane.agent is not None
         return await run_agent_episode(await self._endpoint(lane), lane.agent, episode)
 
-    async def _endpoint(self, lane: Lane) -> Any:
+    async def _endpoint(self, lane: LaneSpec) -> Any:
         from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
 
         async with self._lock:

@@ -11,7 +11,7 @@ from roll_lightning.rollout.episode import EpisodeSettings
 from roll_lightning.rollout.filters import GroupFilterConfig
 from roll_lightning.rollout.tags import (
     EvalEnv,
-    Lane,
+    LaneSpec,
     RolloutConfigError,
     TrainEnv,
     check_episode,
@@ -135,11 +135,11 @@ class RolloutConfig:
         return self.batch_size // self.group_size
 
     @cached_property
-    def lanes(self) -> tuple[Lane, ...]:
+    def lanes(self) -> tuple[LaneSpec, ...]:
         """The envs this rollout plays, each with its groups per batch (one lane in the single-env form)."""
         if not self.envs:
             env_id = self.env_id or DEFAULT_ENV
-            lane = Lane(
+            lane = LaneSpec(
                 env_id, env_id, dict(self.env_config), self.groups_per_batch, self.episode, None, None, "data.rollout"
             )
             return (lane,)

@@ -34,7 +34,7 @@ from roll_lightning.rollout.loop import RolloutLoop
 from roll_lightning.rollout.metrics import fault_totals
 from roll_lightning.rollout.scheduler import RolloutScheduler
 from roll_lightning.rollout.servers import EnvServers
-from roll_lightning.rollout.tags import Lane
+from roll_lightning.rollout.tags import LaneSpec
 from roll_lightning.rollout.vision import ImageEncoder
 from roll_lightning.rollout.world_stop import FAILED, GO, STOPPING, PeerRankFailed, WorldStop, quiet_lightning_notifier
 
@@ -135,7 +135,7 @@ class RolloutDataModule(L.LightningDataModule):
         """The evaluation as a rollout config (groups of one over the held-out envs)."""
         return self.evaluation.rollout(self.rollout)
 
-    def eval_lanes(self) -> list[Lane]:
+    def eval_lanes(self) -> list[LaneSpec]:
         """The held-out envs, each named by the config key that defines it (for messages)."""
         lanes = self.eval_rollout.lanes
         if self.evaluation.envs:

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
 from roll_lightning.rollout.agent_runner import LOOPBACK
 from roll_lightning.rollout.chat import reply_body
-from roll_lightning.rollout.engines.base import GenerationEngine, SamplingParams
+from roll_lightning.rollout.engines.base import Generates, SamplingParams
 from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -84,7 +84,7 @@ class RequestError(Exception):
 class AgentEndpoint:
     """Answers the chat calls of open episodes with ``engine`` and records them."""
 
-    def __init__(self, engine: GenerationEngine, tokenizer: Any, config: EndpointConfig = EndpointConfig()) -> None:
+    def __init__(self, engine: Generates, tokenizer: Any, config: EndpointConfig = EndpointConfig()) -> None:
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
         self.parser: ToolParser = tool_parser_named(config.tool_parser)
         self.stop_ids = {tokenizer.eos_token_id}

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
 from roll_lightning.env_client.tools import ClientToolCall, ClientToolResult, tools_of
 from roll_lightning.rollout.chat import PromptConfig, TokenHistory
-from roll_lightning.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from roll_lightning.rollout.engines.base import Generates, Generation, SamplingParams
 from roll_lightning.rollout.layout import Layout, layout_named
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, PromptImage, images_of
 
@@ -292,7 +292,7 @@ class EpisodeBuilder:
 
 async def run_episode(
     session: EnvSession,
-    engine: GenerationEngine,
+    engine: Generates,
     builder: EpisodeBuilder,
     *,
     turn_timeout_s: float | None = None,

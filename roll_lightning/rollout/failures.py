@@ -1,7 +1,7 @@
 """`FailurePolicy`: what a failed episode costs, and when failures stop the run.
 
 A failed episode (`EpisodeFailed` from the env client, a turn or episode deadline, an agent's `AgentFailed`:
-`RETRYABLE`) is replayed on a fresh session with the same seed, after a backoff that doubles with each failure
+`REPLAYED_FAILURES`) is replayed on a fresh session with the same seed, after a backoff that doubles with each failure
 (at most 30 s, with jitter); when its ``episode_retries`` run out its group is dropped and replaced. A failure
 while no endpoint serving the env is up is the outage's fault, not the episode's: it uses no retry and does not
 count towards ``max_failed_groups_in_a_row``, and the replay waits in `EnvPool.open` (whose `EnvOutage` ends the
@@ -21,7 +21,7 @@ from roll_lightning.rollout.agent_runner import AgentFailed
 from roll_lightning.rollout.config import RolloutConfig
 from roll_lightning.rollout.lanes import LaneState
 
-RETRYABLE = (EpisodeFailed, TimeoutError, AgentFailed)
+REPLAYED_FAILURES = (EpisodeFailed, TimeoutError, AgentFailed)
 # Session creation refused for these reasons fails the same way everywhere: a config error, not a fault.
 REFUSED_CONFIG = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from roll_lightning.env_client import EnvPool, EnvSession
 from roll_lightning.rollout.groups import GroupQueue
 from roll_lightning.rollout.ledger import GroupSequence
-from roll_lightning.rollout.tags import Lane
+from roll_lightning.rollout.tags import LaneSpec
 
 
 @dataclass(eq=False)
 class LaneState:
     """One env of the scheduler: its settings, servers, group sequence, queue and open demand."""
 
-    lane: Lane
+    spec: LaneSpec
     position: int  # index in the run's env list (a group's ``lane``)
     pool: EnvPool | None  # None: an agent lane (its episodes need no env server)
     queue: GroupQueue
@@ -29,15 +29,15 @@ class LaneState:
 
     @property
     def tag(self) -> str:
-        return self.lane.tag
+        return self.spec.tag
 
     def in_outage(self) -> bool:
         """True while no healthy endpoint serves this lane's env (new sessions wait for one)."""
-        return self.pool is not None and not self.pool.healthy_endpoints(self.lane.env_id)
+        return self.pool is not None and not self.pool.healthy_endpoints(self.spec.env_id)
 
 
 def lane_states(
-    lanes: tuple[Lane, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int, in_start_order: bool = False
+    lanes: tuple[LaneSpec, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int, in_start_order: bool = False
 ) -> list[LaneState]:
     """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag; ``in_start_order``: the queues
     release the oldest started groups first (`GroupQueue`)."""

@@ -79,7 +79,7 @@ class GroupLedger:
     def new_group(self, lane: LaneState, size: int, version: int) -> Group:
         """The lane's next group (a replay after a resume first), started at policy ``version``."""
         index = lane.sequence.take() * self.world_size + self.rank
-        seed = group_seed(self.seed, index, self.split, lane.lane.seed_salt)
+        seed = group_seed(self.seed, index, self.split, lane.spec.seed_salt)
         return Group(index, seed, size, version, lane=lane.position)
 
     def settle(self, group: Group) -> None:

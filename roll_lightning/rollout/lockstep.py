@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from roll_lightning.env_client import EnvOutage, EnvSession
 from roll_lightning.rollout.episode import EpisodeBuilder
-from roll_lightning.rollout.failures import RETRYABLE
+from roll_lightning.rollout.failures import REPLAYED_FAILURES
 from roll_lightning.rollout.filters import GroupSelection
 from roll_lightning.rollout.groups import Group
 
@@ -66,7 +66,7 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
         *(playing[i][0].reset(seed=members[i][0].seed) for i in live()), return_exceptions=True
     )
     for i, outcome in zip(live(), resets, strict=True):
-        if isinstance(outcome, RETRYABLE):
+        if isinstance(outcome, REPLAYED_FAILURES):
             _fail(s, failed, members[i][0], outcome)
         elif isinstance(outcome, BaseException):
             raise outcome
@@ -99,7 +99,7 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
         )
         t2 = time.perf_counter()
         for i, outcome in zip(stepping, outcomes, strict=True):
-            if isinstance(outcome, RETRYABLE):
+            if isinstance(outcome, REPLAYED_FAILURES):
                 _fail(s, failed, members[i][0], outcome)
             elif isinstance(outcome, BaseException):
                 raise outcome

@@ -41,7 +41,7 @@ from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.engines.router import EngineRouter
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
-from roll_lightning.rollout.failures import REFUSED_CONFIG, RETRYABLE, FailurePolicy
+from roll_lightning.rollout.failures import REFUSED_CONFIG, REPLAYED_FAILURES, FailurePolicy
 from roll_lightning.rollout.filters import GroupSelection, filter_metrics
 from roll_lightning.rollout.gate import GenerationGate
 from roll_lightning.rollout.groups import Group, is_stale
@@ -52,7 +52,7 @@ from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RETRYABLE", "RolloutScheduler", "Split", "group_seed"]
+__all__ = ["REPLAYED_FAILURES", "RolloutScheduler", "Split", "group_seed"]
 
 
 class RolloutScheduler:
@@ -94,7 +94,7 @@ class RolloutScheduler:
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._producer: asyncio.Task[None] | None = None
-        self.agents = AgentLanes(self, tokenizer)  # endpoints of the agent lanes, started on first use
+        self.agents = AgentLanes(self.gate, tokenizer)  # endpoints of the agent lanes, started on first use
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -141,12 +141,12 @@ class RolloutScheduler:
         """Groups per lane for a batch of ``n_groups`` (each env's configured share, scaled exactly)."""
         per_batch = self.config.groups_per_batch
         if n_groups == per_batch:
-            return [state.lane.groups for state in self.lanes]
+            return [state.spec.groups for state in self.lanes]
         if len(self.lanes) == 1:
             return [n_groups]
         if n_groups % per_batch:
             raise ValueError(f"get_batch: {n_groups} groups do not split into the envs' shares of {per_batch}")
-        return [state.lane.groups * n_groups // per_batch for state in self.lanes]
+        return [state.spec.groups * n_groups // per_batch for state in self.lanes]
 
     async def suspend(self) -> None:
         """Hold new replies (before weights change or the engine sleeps). The ones in flight: ``on_suspend:
@@ -299,7 +299,7 @@ class RolloutScheduler:
 
     def _wanted(self, lane: LaneState) -> int:
         """Groups ``lane`` should have running or complete: what waiting batches miss, plus the run-ahead."""
-        return lane.demand + self.config.max_staleness * lane.lane.groups
+        return lane.demand + self.config.max_staleness * lane.spec.groups
 
     def _start_group(self, lane: LaneState, members: int) -> None:
         group = self.new_group(lane)
@@ -342,22 +342,23 @@ class RolloutScheduler:
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
-                if lane.lane.agent is not None:  # the user's agent program plays it, through the endpoint
+                if lane.spec.agent is not None:  # the user's agent program plays it, through the endpoint
                     async with asyncio.timeout(self.config.episode_timeout_s):
-                        result = await self.agents.play(lane.lane, episode)
+                        result = await self.agents.play(lane.spec, episode)
                 else:
                     session = await self.open_session(lane)
                     builder = self.builder(lane, session, episode)
                     async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
-                        result = await run_episode(session, self, builder, turn_timeout_s=self.config.turn_timeout_s)
+                        timeout = self.config.turn_timeout_s
+                        result = await run_episode(session, self.gate, builder, turn_timeout_s=timeout)
             except EnvOutage:
                 self.discard_session(session)
                 raise
-            except RETRYABLE as err:
+            except REPLAYED_FAILURES as err:
                 if session is None and isinstance(err, EpisodeFailed) and err.code in REFUSED_CONFIG:
                     raise RolloutConfigError(
-                        f"the env servers refused {lane.lane.key}.env_id={lane.lane.env_id!r} with "
-                        f"{lane.lane.key}.env_config={lane.lane.env_config}: {err.detail}"
+                        f"the env servers refused {lane.spec.key}.env_id={lane.spec.env_id!r} with "
+                        f"{lane.spec.key}.env_config={lane.spec.env_config}: {err.detail}"
                     ) from err
                 self.discard_session(session)
                 failures += 1
@@ -388,12 +389,12 @@ class RolloutScheduler:
             return result
 
     def new_episode(self, group: Group, member: int) -> Episode:
-        lane = self.lanes[group.lane].lane
+        lane = self.lanes[group.lane].spec
         return Episode(group.index, member, group.seed, lane.env_id, tag=lane.tag)
 
     def builder(self, lane: LaneState, session: EnvSession, episode: Episode) -> EpisodeBuilder:
         """The episode's bookkeeping, with its env's settings (prompt, turns, budget, sampling)."""
-        settings = lane.lane.episode
+        settings = lane.spec.episode
         stops = self.stop_ids | set(settings.sampling.stop_token_ids)
         return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops, self.vision)
 
@@ -410,7 +411,7 @@ class RolloutScheduler:
             if session.endpoint.accepting and not session.endpoint.ejected:
                 return session
             self.discard_session(session)  # its server is draining or down: new episodes go elsewhere
-        return await lane.pool.open(lane.lane.env_id, lane.lane.env_config, tag=f"rank{self.rank}")
+        return await lane.pool.open(lane.spec.env_id, lane.spec.env_config, tag=f"rank{self.rank}")
 
     def discard_session(self, session: EnvSession | None) -> None:
         """Close ``session`` in the background (its episode failed, or its server stopped taking episodes)."""

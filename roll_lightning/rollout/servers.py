@@ -17,14 +17,14 @@ from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailabl
 from roll_lightning.env_client.errors import EndpointRefused, EndpointTlsMismatch
 from roll_lightning.rollout.config import EnvsConfig
 from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, ToolHistoryError
-from roll_lightning.rollout.tags import Lane, RolloutConfigError
+from roll_lightning.rollout.tags import LaneSpec, RolloutConfigError
 from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
 
 Endpoints = str | tuple[str, ...]
 
 
 class EnvServers:
-    def __init__(self, envs: EnvsConfig, lanes: list[Lane]) -> None:
+    def __init__(self, envs: EnvsConfig, lanes: list[LaneSpec]) -> None:
         """``lanes``: every env the run plays (training and evaluation); ``lane.key`` names it in messages."""
         self.envs, self.lanes = envs, [lane for lane in lanes if lane.agent is None]  # agent lanes need no server
         self._env_ids: dict[Endpoints, list[str]] = {}
@@ -38,7 +38,7 @@ class EnvServers:
             self._keys.setdefault(where, key)
         self.pools: dict[Endpoints, EnvPool] = {}
 
-    def pools_for(self, lanes: tuple[Lane, ...]) -> dict[str, EnvPool]:
+    def pools_for(self, lanes: tuple[LaneSpec, ...]) -> dict[str, EnvPool]:
         """Each lane's pool, by tag (what `RolloutScheduler` takes)."""
         return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes if lane.agent is None}
 
@@ -71,7 +71,7 @@ class EnvServers:
             )
             raise RolloutConfigError(f"{envs}: the local env server did not start: {err}") from err
 
-    async def _probe(self, lane: Lane, tokenizer: Any, vision: ImageEncoder | None) -> None:
+    async def _probe(self, lane: LaneSpec, tokenizer: Any, vision: ImageEncoder | None) -> None:
         """One throw-away session per lane: a wrong env id, config or context budget fails now."""
         where = lane.endpoints_or(self.envs.endpoints)
         pool = self.pools[where]

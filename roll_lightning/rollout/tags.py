@@ -11,7 +11,7 @@
           episode: {max_turns: 8}       # overrides of rollout.episode keys, for this env only
           endpoints: ["10.0.0.7:50051"]  # served elsewhere (default: data.envs.endpoints)
 
-A `Lane` is one resolved entry: the tag, the env, its share of the batch, its episode settings and where its
+A `LaneSpec` is one resolved entry: the tag, the env, its share of the batch, its episode settings and where its
 servers are. The single-env form (``rollout.env_id``) is one lane whose tag is the env id; only tags a config
 names get their own metrics (``rollout/<tag>/success_rate``), so single-env runs log what they always did.
 """
@@ -77,7 +77,7 @@ class EvalEnv(EnvEntry):
 
 
 @dataclass(frozen=True)
-class Lane:
+class LaneSpec:
     """One resolved env of a run: what the scheduler plays and how many groups of each batch."""
 
     tag: str
@@ -106,7 +106,7 @@ def resolve(
     shares: list[int],
     base: EpisodeSettings,
     key: str,
-) -> tuple[Lane, ...]:
+) -> tuple[LaneSpec, ...]:
     """Lanes for ``entries`` with ``shares`` groups each, checking tags, episode overrides and endpoints."""
     seen: dict[str, int] = {}
     lanes = []
@@ -141,7 +141,7 @@ def resolve(
                 raise RolloutConfigError(f"{where}.endpoints: '{address}' is not host:port")
         agent = _agent(entry, settings, where)
         lanes.append(
-            Lane(
+            LaneSpec(
                 entry.tag, entry.env_id, dict(entry.env_config), share, settings, endpoints, salt(entry.tag), where,
                 agent,
             )

@@ -96,13 +96,13 @@ class _Lane:
     def __init__(self) -> None:
         from roll_lightning.rollout.ledger import GroupSequence
 
-        (self.lane,) = RolloutConfig(env_id="sokoban").lanes
+        (self.spec,) = RolloutConfig(env_id="sokoban").lanes
         self.position = 0
         self.sequence = GroupSequence()
 
     @property
     def tag(self) -> str:
-        return self.lane.tag
+        return self.spec.tag
 
 
 def test_the_ledger_replays_exactly_the_unsettled_groups_after_a_resume() -> None:
@@ -110,7 +110,7 @@ def test_the_ledger_replays_exactly_the_unsettled_groups_after_a_resume() -> Non
     ledger = GroupLedger(lanes, seed=7, rank=1, world_size=2, split="train")  # type: ignore[arg-type]
     groups = [ledger.new_group(lanes[0], size=4, version=0) for _ in range(5)]  # type: ignore[arg-type]
     assert [g.index for g in groups] == [1, 3, 5, 7, 9]  # rank 1 of 2
-    assert [g.seed for g in groups] == [group_seed(7, g.index, "train", lanes[0].lane.seed_salt) for g in groups]
+    assert [g.seed for g in groups] == [group_seed(7, g.index, "train", lanes[0].spec.seed_salt) for g in groups]
     for group in (groups[0], groups[2]):
         ledger.settle(group)
     state = ledger.state_dict()

@@ -94,6 +94,12 @@ class EngineClosed(RuntimeError):
     """`generate` on an engine that was closed (or whose worker died; the cause is chained)."""
 
 
+class Generates(Protocol):
+    """What plays a turn: anything that samples a reply, an engine or the scheduler's suspend/resume gate."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation: ...
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """What the rollout needs from an engine. Implementations: `TransformersEngine`, `VLLMEngine`,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
-from roll_lightning.algorithms.aggregation import AGG_MODES, AggMode, aggregation_named
-from roll_lightning.algorithms.losses import kl_estimator
+from roll_lightning.algorithms.aggregation import AggMode, aggregation_named
+from roll_lightning.algorithms.losses import KLKind, kl_estimator
 from roll_lightning.algorithms.objective import Objective
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
@@ -27,7 +27,7 @@ TEMPERATURE_REASON = (
     "greedy decoding is for evaluation only (data.evaluation.temperature: 0)"
 )
 
-# What a checked value must be (the error message says it); a key not listed here is one of its documented choices.
+# What a checked value must be (the error message says it); a key typed as a Literal must be one of its values.
 _RULES = {
     "ppo_epochs": ">= 1",
     "mini_batches": ">= 1",
@@ -53,14 +53,12 @@ _RULES = {
     "betas": "two numbers in [0, 1)",
     "eps": "> 0",
     "warmup_steps": ">= 0",
-    "schedule": "constant or cosine",
     "total_steps": ">= 1",
     "min_lr_ratio": "in [0, 1]",
     "rank": ">= 0 (0 = off: full fine-tuning)",
     "alpha": "> 0",
     "dropout": "in [0, 1)",
     "target_modules": "all-linear or a non-empty list of module names",
-    "sync": "adapters or merged",
 }
 _REASONS = {"temperature": f"it is {TEMPERATURE_KEY} (linked), and {TEMPERATURE_REASON}"}
 
@@ -70,11 +68,14 @@ def _check(section: str, config: object, checks: dict[str, bool]) -> None:
     for key, ok in checks.items():
         if not ok:
             value = getattr(config, key)
-            rule = _RULES.get(key)
-            if rule is None:
-                raise TrainingConfigError(f"{section}.{key}: invalid value {value!r}")
+            rule = _RULES.get(key) or "one of " + ", ".join(map(str, _choices(config, key)))
             reason = f": {_REASONS[key]}" if key in _REASONS else ""
             raise TrainingConfigError(f"{section}.{key} must be {rule}, got {value!r}{reason}")
+
+
+def _choices(config: object, key: str) -> tuple[Any, ...]:
+    """The values a ``Literal``-typed setting allows, read from its type: each choice is declared once."""
+    return get_args(get_type_hints(type(config))[key])
 
 
 def check_sampling_temperature(value: float) -> None:
@@ -108,9 +109,9 @@ class CorrectionConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "mode": self.mode in ("none", "truncate", "mask"),
-            "level": self.level in ("token", "sequence", "geometric"),
-            "span": self.span in ("turn", "trajectory"),
+            "mode": self.mode in _choices(self, "mode"),
+            "level": self.level in _choices(self, "level"),
+            "span": self.span in _choices(self, "span"),
             "cap": self.cap > 1,
         }
         _check("model.algorithm.correction", self, checks)
@@ -138,7 +139,7 @@ class AlgorithmConfig:
         gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's per-step discount.
         step_weight: gigpo: weight of the step-level term.
         kl_coef: weight of a KL penalty to a frozen reference model in the loss (0 = no reference model).
-        kl_kind: ``k1`` | ``k2`` | ``k3`` (low-variance, the usual choice) | ``abs``.
+        kl_kind: ``k1`` (or ``kl``) | ``k2`` (``mse``) | ``k3`` (``low_var_kl``: low variance, the usual one) | ``abs``.
         entropy_coef: entropy bonus weight.
         value_coef / value_clip: ppo-gae critic loss weight and clip range.
         ppo_epochs: passes over each rollout batch.
@@ -178,7 +179,7 @@ class AlgorithmConfig:
     gigpo_gamma: float = 0.95
     step_weight: float = 1.0
     kl_coef: float = 0.0
-    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    kl_kind: KLKind = "k3"
     entropy_coef: float = 0.0
     value_coef: float = 0.5
     value_clip: float = 0.2
@@ -196,19 +197,19 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "estimator": self.estimator in ESTIMATORS,
-            "loss": self.loss in POLICY_LOSSES,
-            "aggregation": self.aggregation in AGG_MODES,
+            "estimator": self.estimator in _choices(self, "estimator"),
+            "loss": self.loss in _choices(self, "loss"),
+            "aggregation": self.aggregation in _choices(self, "aggregation"),
             "ppo_epochs": self.ppo_epochs >= 1,
             "mini_batches": self.mini_batches >= 1,
-            "batch_adjust": self.batch_adjust in ("none", "copy", "delete", "auto", "random_sample"),
+            "batch_adjust": self.batch_adjust in _choices(self, "batch_adjust"),
             "micro_batch_size": self.micro_batch_size >= 1,
             "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
             "temperature": self.temperature > 0,
             "kl_coef": self.kl_coef >= 0,
-            "kl_kind": self.kl_kind in ("k1", "k2", "k3", "abs"),
+            "kl_kind": self.kl_kind in _choices(self, "kl_kind"),
             "dual_clip": self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip),
-            "micro_batching": self.micro_batching in ("token_budget", "fixed"),
+            "micro_batching": self.micro_batching in _choices(self, "micro_batching"),
             "clip_low": self.clip_low is None or self.clip_low >= 0,
             "clip_high": self.clip_high is None or self.clip_high >= 0,
             "gamma": 0 <= self.gamma <= 1,
@@ -306,7 +307,7 @@ class OptimConfig:
             "betas": len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas),
             "eps": self.eps > 0,
             "warmup_steps": self.warmup_steps >= 0,
-            "schedule": self.schedule in ("constant", "cosine"),
+            "schedule": self.schedule in _choices(self, "schedule"),
             "total_steps": self.total_steps >= 1,
             "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
         }
@@ -359,7 +360,7 @@ class LoraConfig:
             "alpha": self.alpha > 0,
             "dropout": 0 <= self.dropout < 1,
             "target_modules": len(names) > 0 and all(isinstance(n, str) and n for n in names),
-            "sync": self.sync in ("adapters", "merged"),
+            "sync": self.sync in _choices(self, "sync"),
         }
         _check("model.lora", self, checks)
 

@@ -61,3 +61,32 @@ def test_the_openenv_client_example_runs_against_our_server():
         namespace: dict = {}
         exec(compile(code.group(1).replace("http://127.0.0.1:8000", served.url), "environments.md", "exec"), namespace)
         assert namespace["out"].observation["text"] and namespace["first"].observation["info"]["seed"] == 3
+
+
+ROOT_DIR = DOC.parent.parent
+DOCS = sorted(ROOT_DIR.glob("docs/*.md"))
+PATH_IN_CODE = re.compile(r"`((?:docs|bench|configs|roll_lightning|env_servers|tests|protos|\.ci)/[\w./-]*[\w/])`")
+
+
+def test_every_link_and_named_file_in_the_readme_and_docs_exists():
+    """The README and every page under docs/: each relative link and each repository path written in code
+    (`docs/x.md`, `bench/y.py`) points at a file that exists (benchmark outputs under bench/results/ aside: they
+    are not committed)."""
+    broken = []
+    for page in [ROOT_DIR / "README.md", *DOCS]:
+        text = page.read_text()
+        for target in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text):
+            if "://" not in target and not target.startswith("#"):
+                if not (page.parent / target.split("#")[0]).exists():
+                    broken.append(f"{page.name}: link {target}")
+        for path in PATH_IN_CODE.findall(text):
+            if not any(c in path for c in "*<>{}") and not path.startswith("bench/results/"):
+                if not (ROOT_DIR / path).exists():
+                    broken.append(f"{page.name}: {path}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_links_every_docs_page():
+    readme = (ROOT_DIR / "README.md").read_text()
+    unlinked = [page.name for page in DOCS if f"](docs/{page.name})" not in readme]
+    assert not unlinked, f"the README's documentation table does not link {unlinked}"

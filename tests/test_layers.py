@@ -1,6 +1,6 @@
 """The import graph is a layered house: each part of `roll_lightning` imports only parts on lower floors (lazy
 imports inside functions and type-checking imports count too), so there is no package cycle; the env servers
-import nothing of the trainer but the generated protocol stubs; and the README's architecture table names every
+import nothing of the trainer but the generated protocol stubs; and docs/architecture.md's table names every
 part. Read from the source with `ast`, nothing is imported."""
 
 from __future__ import annotations
@@ -84,13 +84,13 @@ def test_the_env_servers_import_only_the_protocol_stubs_of_the_trainer() -> None
     assert not trainer_imports, "\n".join(trainer_imports)
 
 
-def test_the_readme_table_names_every_part() -> None:
-    table = (ROOT / "README.md").read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
+def test_the_architecture_table_names_every_part() -> None:
+    table = (ROOT / "docs" / "architecture.md").read_text().split("## Where each part lives", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`(roll_lightning/[\w/]+?|env_servers/[\w/]+?)/?(?:\.py)?`", table))
     folders = {f"roll_lightning/{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     folders |= {f"env_servers/{p.name}" for p in (ROOT / "env_servers").iterdir() if p.is_dir() and p.name[0] != "_"}
     missing = sorted(f for f in folders if not any(n == f or n.startswith(f + "/") for n in named))
-    assert not missing, f"README's architecture table does not name {missing}"
+    assert not missing, f"docs/architecture.md's table does not name {missing}"
 
 
 def test_tests_mirror_the_packages_and_the_tier_lists_name_real_files() -> None:

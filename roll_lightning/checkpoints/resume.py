@@ -1,6 +1,6 @@
 """`resolve_ckpt_path`: what ``--ckpt_path`` means for a run, decided before any server or model starts.
 
-The rules (README, "Resume"):
+The rules (docs/reliability.md, "Resume"):
 
 - ``fit --ckpt_path last`` resumes from ``<default_root_dir>/checkpoints/last.ckpt``, after verifying it. When the
   run has no checkpoint at all it says so in one line and starts at step 0, so a job script can always pass it.

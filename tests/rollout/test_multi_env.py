@@ -346,16 +346,16 @@ async def test_failed_episodes_are_replayed_within_their_tags_share(
         assert tags(batch) == ["crashy"] * 4 + ["frozenlake"] * 2
 
 
-def test_the_readme_example_is_a_config_that_works() -> None:
+def test_the_documented_multi_env_example_is_a_config_that_works() -> None:
     import re
     import textwrap
     from pathlib import Path
 
     import yaml
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"```yaml\n(  data:\n.*?)  ```", readme, re.S)
-    assert block, "the multi-env example is missing from the README"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    block = re.search(r"```yaml\n(  data:\n.*?)  ```", page, re.S)
+    assert block, "the multi-env example is missing from docs/training.md"
     data = yaml.safe_load(textwrap.dedent(block.group(1)))["data"]
     rollout = data["rollout"]
     train = RolloutConfig(**{**rollout, "episode": EpisodeSettings(**rollout["episode"])})

@@ -33,7 +33,7 @@ from roll_lightning.algorithms.losses import (
     value_loss,
 )
 from roll_lightning.algorithms.policy_loss import GSPO, POLICY_LOSSES, PPO, PolicyLoss
-from roll_lightning.algorithms.ppo_gae import PPOGAE, gae_advantages, whiten
+from roll_lightning.algorithms.ppo_gae import PPOGAE, gae_advantages
 
 ESTIMATORS: dict[str, type[GRPO] | type[GiGPO] | type[PPOGAE]] = {e.name: e for e in (GRPO, GiGPO, PPOGAE)}
 
@@ -70,5 +70,4 @@ __all__ = [
     "ppo_policy_loss",
     "segment_ids",
     "value_loss",
-    "whiten",
 ]

@@ -43,18 +43,8 @@ def ppo_policy_loss(
     agg: AggMode = "token-mean",
     norm_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate (Schulman et al. 2017) with Clip-Higher and optional dual clip (Ye et al. 2019):
-
-        r_t = exp(logp_t - old_logp_t)
-        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
-        l_t = min(l_t, -A_t c)        if A_t < 0 and dual_clip = c > 1 (caps the loss at c |A_t|)
-        loss = aggregate(l, m, agg)
-
-    ``advantages`` is ``[B]`` (broadcast over the row) or ``[B, L]``. The log-ratio is clamped to +-20.
-    Metrics (token-level masked means/extrema): ``pg_loss``, ``pg_clipfrac`` (clipped branch chosen),
-    ``pg_clipfrac_lower`` (dual clip active; 0 when off), ``ppo_kl`` = mean(old_logp - logp) (the k1
-    estimator of KL(old || new), as verl), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
-    """
+    """The PPO loss of a whole batch, ``aggregate(l, m, agg)`` over `ppo_token_losses` (the trainer sums the same
+    token losses over micro-batches instead: `objective.Objective`); metrics add ``pg_loss``."""
     losses, metrics = ppo_token_losses(
         logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
     )
@@ -72,8 +62,18 @@ def ppo_token_losses(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The token losses ``l_t`` of `ppo_policy_loss` (``[B, L]``, 0 off the mask) and its metrics but
-    ``pg_loss``: what a micro-batch contributes before aggregation."""
+    """PPO clipped surrogate (Schulman et al. 2017) with Clip-Higher and optional dual clip (Ye et al. 2019), per
+    token (``[B, L]``, 0 off the mask):
+
+        r_t = exp(logp_t - old_logp_t)
+        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+        l_t = min(l_t, -A_t c)        if A_t < 0 and dual_clip = c > 1 (caps the loss at c |A_t|)
+
+    ``advantages`` is ``[B]`` (broadcast over the row) or ``[B, L]``. The log-ratio is clamped to +-20.
+    Metrics (token-level masked means/extrema): ``pg_clipfrac`` (clipped branch chosen), ``pg_clipfrac_lower``
+    (dual clip active; 0 when off), ``ppo_kl`` = mean(old_logp - logp) (the k1 estimator of KL(old || new), as
+    verl), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     mask = response_mask.bool()
@@ -112,22 +112,8 @@ def gspo_policy_loss(
     clip_high: float = 4e-4,
     seq_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GSPO (arXiv 2507.18071), token form (GSPO-token, paper Eq. 10-11):
-
-        s_j     = exp( (1/|y_j|) sum_{t in j} (logp_t - old_logp_t) )        sequence ratio, length-normalised
-        s_{j,t} = sg[s_j] * exp(logp_t - sg[logp_t])                          = s_j in value
-        l_t     = max(-A_t s_{j,t}, -A_t clip(s_{j,t}, 1 - clip_low, 1 + clip_high))
-        loss    = mean_j (1/|y_j|) sum_{t in j} l_t                           mean over tokens, then sequences
-
-    With a constant advantage per sequence the value and gradient equal sequence-level GSPO: every token of
-    sequence j gets gradient ``-A s_j / |y_j|`` (scaled by 1/#sequences) when unclipped. A "sequence" j is a row's
-    response tokens (step rows: one turn; trajectory rows: *all* turns of the episode together). ``seq_ids``
-    (``[B, L]`` int) splits rows further: tokens of one row with equal ``seq_ids`` form one sequence, e.g.
-    ``segment_ids(response_mask)`` for one sequence per turn (ROLL's ``ratio_type: segment``). As verl-agent:
-    no dual clip, log-ratio capped at 10 before ``exp``, aggregation fixed as above. Metrics: ``pg_loss``,
-    ``pg_clipfrac`` (token-level), ``ppo_kl`` (token mean of old_logp - logp), ``ratio_mean/max/min`` over
-    sequences.
-    """
+    """The GSPO loss of a whole batch, ``sum(l_t / |y_j|) / #sequences`` over `gspo_token_losses`; metrics add
+    ``pg_loss``."""
     losses, sequences, metrics = gspo_token_losses(
         logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, seq_ids=seq_ids
     )
@@ -145,8 +131,25 @@ def gspo_token_losses(
     clip_high: float = 4e-4,
     seq_ids: Tensor | None = None,
 ) -> tuple[Tensor, int, dict[str, Tensor]]:
-    """`gspo_policy_loss` before its mean over sequences: ``(l_t / |y_j| as [B, L], the number of sequences,
-    metrics but pg_loss)``, so the loss is ``sum(losses) / sequences`` and a micro-batch adds ``sum(losses)``."""
+    """GSPO (arXiv 2507.18071), token form (GSPO-token, paper Eq. 10-11):
+
+        s_j     = exp( (1/|y_j|) sum_{t in j} (logp_t - old_logp_t) )        sequence ratio, length-normalised
+        s_{j,t} = sg[s_j] * exp(logp_t - sg[logp_t])                          = s_j in value
+        l_t     = max(-A_t s_{j,t}, -A_t clip(s_{j,t}, 1 - clip_low, 1 + clip_high))
+        loss    = mean_j (1/|y_j|) sum_{t in j} l_t                           mean over tokens, then sequences
+
+    With a constant advantage per sequence the value and gradient equal sequence-level GSPO: every token of
+    sequence j gets gradient ``-A s_j / |y_j|`` (scaled by 1/#sequences) when unclipped. A "sequence" j is a row's
+    response tokens (step rows: one turn; trajectory rows: *all* turns of the episode together). ``seq_ids``
+    (``[B, L]`` int) splits rows further: tokens of one row with equal ``seq_ids`` form one sequence, e.g.
+    ``segment_ids(response_mask)`` for one sequence per turn (ROLL's ``ratio_type: segment``). As verl-agent:
+    no dual clip, log-ratio capped at 10 before ``exp``, aggregation fixed as above. Metrics:
+    ``pg_clipfrac`` (token-level), ``ppo_kl`` (token mean of old_logp - logp), ``ratio_mean/max/min`` over
+    sequences.
+
+    Returns ``(l_t / |y_j| as [B, L], the number of sequences, metrics)``: the loss is ``sum / sequences``, and a
+    micro-batch adds its ``sum``.
+    """
     mask = response_mask.bool()
     rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(-1).expand_as(mask)
     keys = (rows[mask],) if seq_ids is None else (rows[mask], seq_ids[mask])
@@ -210,7 +213,16 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {
 
 
 def kl_estimator(kind: str) -> KLEstimator:
-    """The estimator called ``kind`` (a `KLKind`), chosen once."""
+    """The per-token estimator of KL(pi || ref) called ``kind``, from tokens sampled by pi (Schulman,
+    "Approximating KL"), chosen once; not masked (the objective aggregates it):
+
+        k1 / kl          logp - ref_logp                                  unbiased, high variance, can be < 0
+        abs              |logp - ref_logp|
+        k2 / mse         0.5 (logp - ref_logp)^2
+        k3 / low_var_kl  exp(ref - logp) - (ref - logp) - 1               unbiased, >= 0, low variance
+
+    k3 clamps ``ref - logp`` to [-20, 20] and the result to [-10, 10], as verl.
+    """
     try:
         return KL_ESTIMATORS[kind]
     except KeyError:
@@ -218,15 +230,7 @@ def kl_estimator(kind: str) -> KLEstimator:
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
-    """Per-token estimators of KL(pi || ref) from tokens sampled by pi (Schulman, "Approximating KL"), ``[B, L]``:
-
-        k1 / kl          logp - ref_logp                                  unbiased, high variance, can be < 0
-        abs              |logp - ref_logp|
-        k2 / mse         0.5 (logp - ref_logp)^2
-        k3 / low_var_kl  exp(ref - logp) - (ref - logp) - 1               unbiased, >= 0, low variance
-
-    k3 clamps ``ref - logp`` to [-20, 20] and the result to [-10, 10], as verl. Not masked: aggregate it.
-    """
+    """``kl_estimator(kind)(logp, ref_logp)``, ``[B, L]``."""
     return kl_estimator(kind)(logp, ref_logp)
 
 
@@ -251,14 +255,8 @@ def value_loss(
     agg: AggMode = "token-mean",
     norm_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss (PPO2 baselines):
-
-        v_clip = old + clip(v - old, -c, c)
-        loss   = 0.5 * aggregate(max((v - R)^2, (v_clip - R)^2), m, agg)
-
-    ``clip=None`` drops the clipped branch. The 0.5 is ROLL's (verl has none). Metrics: ``vf_loss``,
-    ``vf_clipfrac`` (clipped branch strictly larger), ``vpred_mean``.
-    """
+    """The value loss of a whole batch, ``aggregate(l, m, agg)`` over `value_token_losses`; metrics add
+    ``vf_loss``."""
     losses, metrics = value_token_losses(values, old_values, returns, response_mask, clip=clip)
     loss = aggregate(losses, response_mask, agg, norm_len=norm_len)
     return loss, {"vf_loss": loss.detach(), **metrics}
@@ -267,8 +265,14 @@ def value_loss(
 def value_token_losses(
     values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor, *, clip: float | None = 0.2
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The token losses ``0.5 max((v - R)^2, (v_clip - R)^2)`` of `value_loss` (``[B, L]``, 0 off the mask) and
-    its metrics but ``vf_loss``."""
+    """Clipped value loss (PPO2 baselines), per token (``[B, L]``, 0 off the mask):
+
+        v_clip = old + clip(v - old, -c, c)
+        l_t    = 0.5 max((v - R)^2, (v_clip - R)^2)
+
+    ``clip=None`` drops the clipped branch. The 0.5 is ROLL's (verl has none). Metrics: ``vf_clipfrac`` (clipped
+    branch strictly larger), ``vpred_mean``.
+    """
     mask = response_mask.bool()
     v = torch.where(mask, values, 0)
     target = torch.where(mask, returns, 0)

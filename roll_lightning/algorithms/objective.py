@@ -2,10 +2,10 @@
 
     L = P + c_kl K - c_H H + c_V V
 
-    P  policy term:  PPO  aggregate(l^PPO, m, agg)              (`policy_loss.PPO`)
-                     GSPO mean_j (1/|y_j|) sum_{t in j} l^GSPO_t  (`policy_loss.GSPO`)
-    K  KL to the reference:  aggregate(kl_t, m, agg)            (`losses.kl_penalty`)
-    H  entropy bonus:        aggregate(H_t, m, agg)
+    P  policy term:  PPO  aggregate(l^PPO, m, agg)              (`losses.ppo_token_losses`)
+                     GSPO mean_j (1/|y_j|) sum_{t in j} l^GSPO_t  (`losses.gspo_token_losses`)
+    K  KL to the reference:  aggregate(kl_t, m, agg)            (`losses.kl_estimator`)
+    H  entropy bonus:        aggregate(H_t, m, agg)             (`losses.entropy_from_logits`)
     V  critic (ppo-gae):     aggregate(0.5 max((v-R)^2, (v_clip-R)^2), m, token-mean)   (`losses.value_token_losses`)
 
 With an off-policy correction (`algorithms.correction`) the policy token losses are weighted, ``w_t l_t``, and
@@ -15,9 +15,7 @@ Every term is ``N / D``: a numerator that adds up over rows (`aggregation.Aggreg
 or of per-row means) and a denominator fixed by the *whole* mini-batch's mask (`Divisors`: its tokens, its
 rows, its sequences, or a constant). A micro-batch adds ``N_k / D`` for each term, so the sum over micro-batches
 is the mini-batch's loss and gradient exactly, whatever the split (1 row or all of them, padded to the batch or
-to the micro-batch's own longest row). Before this, each micro-batch divided by its own tokens or width and was
-re-weighted by its share, which is exact for token-mean PPO alone; GSPO with a KL or entropy term and
-``seq-mean-token-sum-norm`` (divided by each micro-batch's trimmed width) were not.
+to the micro-batch's own longest row).
 """
 
 from __future__ import annotations

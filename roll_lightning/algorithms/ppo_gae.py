@@ -12,7 +12,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
 
 
@@ -32,7 +31,7 @@ def gae_advantages(
     environment's text is not discounted. After the last response token V_next = A_next = 0 (episode ended).
     Rewards off the mask are ignored (the batch puts each turn's reward on its last reply token); advantages
     and returns are 0 off the mask. For step rows each row is one turn, so GAE never crosses turns (verl-agent).
-    verl then whitens the advantages (see `whiten`); that is left to the caller.
+    verl then whitens the advantages; here they are used as they are.
     """
     if not token_rewards.shape == values.shape == response_mask.shape:
         raise ValueError(f"shape mismatch: {token_rewards.shape}, {values.shape}, {response_mask.shape}")
@@ -53,22 +52,6 @@ def gae_advantages(
         next_adv = torch.where(here, adv, next_adv)
     returns = torch.where(mask, advantages + v, 0)
     return advantages.to(values.dtype), returns.to(values.dtype)
-
-
-@torch.no_grad()
-def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
-    """``(x - mean) / sqrt(var + eps)`` over the masked entries (unbiased var, as verl's ``masked_whiten``).
-
-    ``shift_mean=False`` adds the mean back (scales only). Entries off the mask are 0.
-    """
-    m = mask.bool()
-    mean = masked_mean(x, m)
-    n = m.sum()
-    var = torch.where(m, (x - mean) ** 2, 0).sum() / (n - 1).clamp(min=1)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(m, out, 0)
 
 
 @dataclass(frozen=True)

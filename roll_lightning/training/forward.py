@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from roll_lightning.algorithms.losses import entropy_from_logits
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.vision import model_inputs, vision_token_ids
 
@@ -92,9 +93,8 @@ def target_logprobs(
             part = part.index_fill(-1, torch.tensor(suppressed, device=part.device), float("-inf"))
         norm = torch.logsumexp(part, dim=-1)
         logps.append(part.gather(-1, targets[:, start : start + part.shape[1], None]).squeeze(-1) - norm)
-        if with_entropy:
-            probs = torch.softmax(part, dim=-1)
-            entropies.append(norm - (probs * part).sum(-1))
+        if with_entropy:  # suppressed ids are -inf: entropy_from_logits counts them as p = 0 (not 0 * -inf = NaN)
+            entropies.append(entropy_from_logits(part))
     empty = logits.new_zeros(targets.shape, dtype=torch.float32)
     logp = torch.cat(logps, dim=1) if logps else empty
     entropy = (torch.cat(entropies, dim=1) if entropies else empty) if with_entropy else None

@@ -16,7 +16,6 @@ from roll_lightning.algorithms import (
     gigpo_advantages,
     grpo_advantages,
     ids_to_index,
-    whiten,
 )
 
 EPS = 1e-6
@@ -163,9 +162,3 @@ def test_gae_skips_the_observation_gap_between_turns() -> None:
     close(ret, (torch.tensor(expected) + values * mask).tolist())
     assert expected[0][6] == pytest.approx(2 - 0.8)  # last token: bootstrap 0
     assert expected[0][2] == pytest.approx(1.03 + 0.72 * expected[0][5])
-
-
-def test_whiten_masked() -> None:
-    x, mask = T([1.0, 2.0, 100.0, 3.0]), T([True, True, False, True])
-    close(whiten(x, mask), [-1 / math.sqrt(1 + 1e-8), 0.0, 0.0, 1 / math.sqrt(1 + 1e-8)])  # mean 2, var 1
-    close(whiten(x, mask, shift_mean=False), [1.0, 2.0, 0.0, 3.0], atol=1e-4)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roll_lightning.training import AlgorithmConfig
-from roll_lightning.training.forward import token_logprobs
+from roll_lightning.training.forward import target_logprobs, token_logprobs
 
 
 def test_chunked_logprobs_and_entropy_equal_the_whole_computation() -> None:
@@ -21,6 +21,20 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_computation() -> None:
     torch.testing.assert_close(entropy[:, 1:], -(full.exp() * full).sum(-1))
     assert bool((logp[:, 0] == 0).all())
     logp.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_suppressed_ids_leave_the_entropy_and_its_gradient_finite() -> None:
+    """A vision model's picture placeholders are never sampled: masked to -inf, they count as p = 0 in the
+    entropy (a plain sum of p * logit would be 0 * -inf = NaN)."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 9, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 5))
+    logp, entropy = target_logprobs(logits, targets, 1.0, with_entropy=True, suppressed=[7, 8])
+    kept = torch.log_softmax(logits[..., :7], -1)
+    torch.testing.assert_close(entropy, -(kept.exp() * kept).sum(-1))
+    torch.testing.assert_close(logp, kept.gather(-1, targets[..., None]).squeeze(-1))
+    (logp.sum() + entropy.sum()).backward()
     assert torch.isfinite(logits.grad).all()
 
 

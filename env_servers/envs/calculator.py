@@ -1,4 +1,4 @@
-"""The calculator tool env: an arithmetic question per seed, answered through tool calls (issue 32).
+"""The calculator tool env: an arithmetic question per seed, answered through tool calls.
 
 The agent sees a question such as "What is 37 * 12 + 5?" and acts only through two tools: ``calculate`` (a safe
 arithmetic evaluator: numbers, + - * / and parentheses, nothing else) and ``answer`` (its final value). A

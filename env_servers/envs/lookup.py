@@ -1,4 +1,4 @@
-"""The lookup tool env: find a box's code with one tool, then give it with another (issue 32).
+"""The lookup tool env: find a box's code with one tool, then give it with another.
 
 Each seed fills a row of numbered boxes with two-digit codes and asks for one: "What is the code of box 4?". The
 agent acts only through tools: ``lookup(box)`` reads a box's code, ``answer(code)`` gives the final answer. The

@@ -1,5 +1,5 @@
 """The agent lanes of a run: envs whose episodes the user's own agent program plays (``agent:`` on an entry of
-``data.rollout.envs``), each answered by an `AgentEndpoint` of its own on the rollout loop (issue 33)."""
+``data.rollout.envs``), each answered by an `AgentEndpoint` of its own on the rollout loop."""
 
 from __future__ import annotations
 

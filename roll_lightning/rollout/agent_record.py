@@ -1,5 +1,5 @@
 """What the agent endpoint records of one episode: every chat call as token ids, log-probs and policy version,
-grouped into segments of one growing conversation (issue 33).
+grouped into segments of one growing conversation.
 
 A call whose messages extend the previous call's conversation (its messages, then the reply as returned, then
 more messages) continues the segment: its prompt is the segment's tokens so far, the sampled reply ids among

@@ -1,5 +1,5 @@
 """One episode played by the user's own agent program: started with the endpoint's URLs, waited for until it
-exits or its deadline passes, and its recorded calls made into an `Episode` of step rows (issue 33).
+exits or its deadline passes, and its recorded calls made into an `Episode` of step rows.
 
 The agent gets everything through its environment: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what the OpenAI
 SDKs read), ``ROLL_REWARD_URL`` (where it reports its reward) and ``ROLL_TASK`` (JSON: the seed, group and

@@ -1,4 +1,4 @@
-"""The policy as an OpenAI-compatible chat endpoint, for agent programs trained as they are (issue 33).
+"""The policy as an OpenAI-compatible chat endpoint, for agent programs trained as they are.
 
 An agent talks to ``POST {base}/episodes/{key}/v1/chat/completions``: the episode key is a path segment, so an
 agent needs nothing but a base URL (``url(key)``, which the OpenAI SDKs take as ``base_url``); it reports its

@@ -19,8 +19,7 @@ expanded after the update; they serve again once `WeightSync`'s load, which foll
 weights.
 
 The optimiser state goes to the CPU only when the engine needs the memory (colocated on a GPU), and comes
-back before every optimiser step. (Before this table existed, disaggregated CUDA runs moved it to the CPU
-before each step and never back, so AdamW stepped GPU parameters with CPU state.) After the update this callback
+back before every optimiser step. After the update this callback
 wakes the engine it put to sleep (or expands what it shrank), before `WeightSync` loads the new weights: the
 module lists it first among its callbacks, and calls `on_rollout_end` itself, between the rollout and the
 update. ``data.colocate`` is the datamodule's setting, read here only. Device operations go through

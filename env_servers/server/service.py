@@ -5,11 +5,8 @@ checks or other sessions. A batch runs as one job on the pool (one thread hop pe
 deadlines are honoured item by item: an item whose deadline has passed before it starts is answered
 DEADLINE_EXCEEDED without touching the env, so a retry runs it exactly once.
 
-One exception, for speed: a BatchStep or BatchReset whose expected cost (a running average of the cost of one
-item of that kind, measured on the pool first) is under `INLINE_BUDGET_S` runs on the event loop itself. For
-envs whose steps take microseconds (FrozenLake, Sokoban) the thread hop and GIL hand-offs cost more than the
-steps; a slow env never qualifies, and an env that turns slow is moved back to the pool by the same average.
-A batch with an item of an env that declares ``waits_on_io`` is always spread over the pool's threads.
+Where a batch runs (on the event loop, as one pool job, or spread over the pool's threads) is chosen per batch
+by `placement.BatchPlacement`, from what its items have cost so far.
 """
 
 from __future__ import annotations
@@ -22,13 +19,11 @@ from typing import Any, TypeVar
 
 import grpc
 
+from env_servers.server.placement import BatchPlacement
 from env_servers.server.sessions import ProtocolError, SessionTable
 from roll_lightning.protocol.v1 import env_pb2 as pb
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
-# Items slower than this (per item, measured) are spread over the pool's threads instead of run one by one.
-PARALLEL_ITEM_S = 0.001
-INLINE_BUDGET_S = 0.005  # a whole 64-item FrozenLake batch (steps and resets) fits, even on a loaded box
 PROTOCOL_VERSION = "v1"
 IMPLEMENTATION = "env_servers-python/0.1.0"
 CAPABILITIES = (
@@ -47,8 +42,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.max_action_bytes = max_action_bytes
         self.draining = False
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env")
-        # Running average cost of one batch item, per kind; unknown = assume slow (use the pool).
-        self.item_seconds = {"reset": float("inf"), "step": float("inf")}
+        self.placement = BatchPlacement()
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -132,8 +126,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return pb.BatchStepResponse(items=items, resets=resets)
 
     async def _run_batch(self, parts: dict[str, Any], context: Any) -> list[list[Any]]:
-        """Run a batch's parts (kind -> items) inline when their expected cost is under INLINE_BUDGET_S, else on the
-        pool, in one job either way; keep each kind's average cost per item."""
+        """Run a batch's parts (kind -> items) where `BatchPlacement` says, recording each kind's cost per item."""
         deadline = self._deadline(context)
 
         def run() -> list[list[Any]]:
@@ -145,18 +138,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 start = time.perf_counter()
                 out.append(self._batch(items, run_item, failed, deadline))
                 if items:
-                    per_item = (time.perf_counter() - start) / len(items)
-                    average = self.item_seconds[kind]
-                    self.item_seconds[kind] = per_item if average == float("inf") else 0.8 * average + 0.2 * per_item
+                    self.placement.record(kind, (time.perf_counter() - start) / len(items))
             return out
 
-        if self._waits_on_io(parts):
-            return await self._run_spread(parts, deadline)
-        expected = sum(self.item_seconds[kind] * max(1, len(items)) for kind, items in parts.items())
-        if expected < INLINE_BUDGET_S and not self.draining:
+        sizes = {kind: len(items) for kind, items in parts.items()}
+        where = self.placement.choose(sizes, waits_on_io=self._waits_on_io(parts), draining=self.draining)
+        if where == "inline":
             return run()
-        slowest = max(self.item_seconds[kind] for kind in parts)
-        if slowest == float("inf") or slowest < PARALLEL_ITEM_S or sum(map(len, parts.values())) < 2:
+        if where == "pool":
             return await self._call(context, run)
         return await self._run_spread(parts, deadline)
 
@@ -190,8 +179,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 results[i :: len(chunks)] = chunk_results
             out.append(results)
             if items:
-                per_item = (time.perf_counter() - start) * len(chunks) / len(items)
-                self.item_seconds[kind] = 0.8 * self.item_seconds[kind] + 0.2 * per_item
+                self.placement.record(kind, (time.perf_counter() - start) * len(chunks) / len(items))
         return out
 
     async def Stream(

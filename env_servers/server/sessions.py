@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -100,6 +100,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class Answered(NamedTuple):
+    """The latest answer of one kind (Reset or Step), kept so that a retry with its request_id gets it again."""
+
+    request_id: str
+    step_index: int  # a Reset's is 0
+    result: Any  # pb.ResetResult or pb.StepResult
+
+
 @dataclass(eq=False)
 class Session:
     session_id: str
@@ -114,8 +122,8 @@ class Session:
     episode_id: str | None = None
     steps_taken: int = 0
     done: str = ""  # "", "terminated", "truncated" or "aborted"
-    last_reset: tuple[str, pb.ResetResult] | None = None
-    last_step: tuple[str, int, pb.StepResult] | None = None
+    last_reset: Answered | None = None
+    last_step: Answered | None = None
     toolbox: ToolBox | None = None  # the env's tools (None: a text env)
 
     @property
@@ -126,9 +134,9 @@ class Session:
     def reset(self, req: pb.ResetRequest, *, draining: bool = False) -> pb.ResetResult:
         if not req.request_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
-        if self.last_reset and self.last_reset[0] == req.request_id:
-            if self.steps_taken == 0 and self.last_reset[1].episode_id == self.episode_id:
-                return self.last_reset[1]
+        if self.last_reset and self.last_reset.request_id == req.request_id:
+            if self.steps_taken == 0 and self.last_reset.result.episode_id == self.episode_id:
+                return self.last_reset.result
             raise ProtocolError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"request_id '{req.request_id}' is a stale Reset: episode {self.episode_id} has moved on",
@@ -152,7 +160,7 @@ class Session:
         except Exception as exc:  # the env's own bug: fail this item, keep serving
             raise ProtocolError(grpc.StatusCode.INTERNAL, _env_fault(self.spec.env_id, "reset", exc)) from exc
         self.episode_id = result.episode_id = _new_id("ep")
-        self.last_reset = (req.request_id, result)
+        self.last_reset = Answered(req.request_id, 0, result)
         return result
 
     def step(self, req: pb.StepRequest, max_action_bytes: int) -> pb.StepResult:
@@ -168,9 +176,9 @@ class Session:
                 grpc.StatusCode.INVALID_ARGUMENT, f"action.text is {size} bytes; this server accepts {max_action_bytes}"
             )
         last = self.last_step
-        if last and last[0] == req.request_id and req.episode_id == self.episode_id:
-            if last[1] == req.step_index:
-                return last[2]
+        if last and last.request_id == req.request_id and req.episode_id == self.episode_id:
+            if last.step_index == req.step_index:
+                return last.result
         if self.episode_id is None:
             raise ProtocolError(grpc.StatusCode.FAILED_PRECONDITION, "no episode in progress: call Reset first")
         if req.episode_id != self.episode_id:
@@ -244,7 +252,7 @@ class Session:
             ) from exc
         self.steps_taken += 1
         self.done = "terminated" if result.terminated else "truncated" if result.truncated else ""
-        self.last_step = (req.request_id, req.step_index, result)
+        self.last_step = Answered(req.request_id, req.step_index, result)
         return result
 
 

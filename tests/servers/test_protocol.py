@@ -321,7 +321,7 @@ def test_server_info_describe_health_and_reflection(server, stub):
 
 
 def test_cheap_batches_run_inline_and_slow_ones_on_the_pool(server, stub):
-    from env_servers.server.service import INLINE_BUDGET_S
+    from env_servers.server.placement import INLINE_BUDGET_S
 
     service = server.server.service
     sids = [create(stub, request_id=f"c{i}") for i in range(8)]
@@ -334,14 +334,18 @@ def test_cheap_batches_run_inline_and_slow_ones_on_the_pool(server, stub):
             for s, e in eps.items()
         ]
         assert all(item.status.code == 0 for item in stub.BatchStep(pb.BatchStepRequest(items=items), timeout=10).items)
-    assert service.item_seconds["step"] * len(sids) < INLINE_BUDGET_S, "FrozenLake steps are cheap: run inline"
+    assert service.placement.item_seconds["step"] * len(sids) < INLINE_BUDGET_S, (
+        "FrozenLake steps are cheap: run inline"
+    )
     slow = create(stub, "slow", {"delay_s": 0.03}, request_id="slow")  # 3 steps lift the average past 5 ms
     episode = reset(stub, slow).episode_id
     for index in range(3):
         item = pb.StepRequest(session_id=slow, episode_id=episode, step_index=index, action=pb.Action(text="go"))
         item.request_id = f"b{index}"
         assert stub.BatchStep(pb.BatchStepRequest(items=[item]), timeout=10).items[0].status.code == 0
-    assert service.item_seconds["step"] > INLINE_BUDGET_S, "the average moved up: slow steps go back to the pool"
+    assert service.placement.item_seconds["step"] > INLINE_BUDGET_S, (
+        "the average moved up: slow steps go back to the pool"
+    )
 
 
 def test_operator_env_config_sets_defaults_and_guards_server_only_fields():

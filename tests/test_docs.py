@@ -90,3 +90,20 @@ def test_the_readme_links_every_docs_page():
     readme = (ROOT_DIR / "README.md").read_text()
     unlinked = [page.name for page in DOCS if f"](docs/{page.name})" not in readme]
     assert not unlinked, f"the README's documentation table does not link {unlinked}"
+
+
+def test_every_shipped_config_shows_the_keys_to_change_first():
+    """Each config's header names the few keys a user changes first, and the file sets each of them (so its value is
+    right there to change)."""
+    import yaml
+
+    for config in sorted((ROOT_DIR / "configs").glob("*.yaml")):
+        text = config.read_text()
+        line = re.search(r"^# Change first: ([\w., ]+?) \(", text, re.M)
+        assert line, f"{config.name} does not say which keys to change first"
+        data = yaml.safe_load(text)
+        for key in line.group(1).split(", "):
+            node = data
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, f"{config.name} names {key} but does not set it"
+                node = node[part]

@@ -7,11 +7,11 @@ new one (a new seed), within a bound.
 
 - ``zero_variance`` (DAPO's dynamic sampling, verl-agent's ``filter_groups``): reject a group whose scores
   spread (max - min) by at most ``tolerance``; refill, at most ``max_extra_groups`` extra groups per batch.
-- ``top_p_variance`` (RAGEN-2's variance filter, the fixed-fraction variant): play ``ceil(G / top_p)`` groups for
-  a batch of ``G`` and keep the ``G`` with the largest score spread (their standard deviation). The cost is known
-  in advance (``1 / top_p`` rollouts per kept group) and nothing waits on luck. RAGEN-2's SNR-adaptive variant,
-  which picks the fraction from the measured signal, is not implemented: the fixed fraction is predictable on a
-  CPU budget and is what their ablations sweep.
+- ``top_p_variance`` (RAGEN-2's variance filter, the fixed-fraction variant): play ``ceil(G / keep_fraction)``
+  groups for a batch of ``G`` and keep the ``G`` with the largest score spread (their standard deviation). The
+  cost is known in advance (``1 / keep_fraction`` rollouts per kept group) and nothing waits on luck. RAGEN-2's
+  SNR-adaptive variant, which picks the fraction from the measured signal, is not implemented: the fixed fraction
+  is predictable on a CPU budget and is what their ablations sweep.
 
 When the bound is hit before ``G`` groups pass (nothing carries signal), the batch is completed with the
 rejected groups of largest spread ("least bad"), so every batch has ``G`` groups and every rank the same
@@ -39,10 +39,11 @@ class GroupFilterConfig:
 
     Args:
         kind: ``none`` (keep every complete group), ``zero_variance`` (drop groups whose members all scored the
-            same, and refill) or ``top_p_variance`` (over-sample, keep the fraction ``top_p`` with the largest
+            same, and refill) or ``top_p_variance`` (over-sample, keep the fraction ``keep_fraction`` with the largest
             score spread).
         tolerance: ``zero_variance``: a group whose scores spread by at most this much counts as flat.
-        top_p: ``top_p_variance``: the fraction of played groups kept, in (0, 1].
+        keep_fraction: ``top_p_variance``: the fraction of played groups kept, in (0, 1] (RAGEN-2's ``top_p``; not
+            the sampling ``top_p``).
         max_extra_groups: ``zero_variance``: groups played per batch to replace rejected ones, at most (None =
             as many as the batch holds, so a batch costs at most twice its rollout); then the batch is completed
             with the least flat rejected groups (never a hang, never an error).
@@ -50,7 +51,7 @@ class GroupFilterConfig:
 
     kind: FilterKind = "none"
     tolerance: float = 1e-6
-    top_p: float = 0.5
+    keep_fraction: float = 0.5
     max_extra_groups: int | None = None
 
     def check(self, group_size: int) -> None:
@@ -66,8 +67,8 @@ class GroupFilterConfig:
             )
         if self.tolerance < 0:
             raise RolloutConfigError(f"{key}.tolerance must be >= 0, got {self.tolerance}")
-        if not 0 < self.top_p <= 1:
-            raise RolloutConfigError(f"{key}.top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.keep_fraction <= 1:
+            raise RolloutConfigError(f"{key}.keep_fraction must be in (0, 1], got {self.keep_fraction}")
         if self.max_extra_groups is not None and self.max_extra_groups < 0:
             raise RolloutConfigError(f"{key}.max_extra_groups must be >= 0, got {self.max_extra_groups}")
 
@@ -76,7 +77,7 @@ class GroupFilterConfig:
         if self.kind == "zero_variance":
             return ZeroVarianceFilter(self.tolerance, self.max_extra_groups)
         if self.kind == "top_p_variance":
-            return TopPVarianceFilter(self.top_p, self.tolerance)
+            return TopPVarianceFilter(self.keep_fraction, self.tolerance)
         return GroupFilter(self.tolerance)
 
 
@@ -130,12 +131,12 @@ class ZeroVarianceFilter(GroupFilter):
 
 
 class TopPVarianceFilter(GroupFilter):
-    def __init__(self, top_p: float, tolerance: float) -> None:
+    def __init__(self, keep_fraction: float, tolerance: float) -> None:
         super().__init__(tolerance)
-        self.top_p = top_p
+        self.keep_fraction = keep_fraction
 
     def to_play(self, needed: int) -> int:
-        return math.ceil(needed / self.top_p - 1e-9)
+        return math.ceil(needed / self.keep_fraction - 1e-9)
 
     def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
         ranked = sorted([*kept, *rejected], key=lambda g: (-pstdev(scores(g)), g.index))

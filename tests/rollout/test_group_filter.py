@@ -74,7 +74,7 @@ def test_without_a_filter_only_the_flat_share_is_reported() -> None:
 
 def test_top_p_variance_over_samples_and_keeps_the_largest_spread() -> None:
     stream = [[0, 0], [0, 4], [1, 2], [0, 0], [7, 7], [0, 10]]
-    selection, taken = collect(GroupFilterConfig("top_p_variance", top_p=0.5), 3, stream)
+    selection, taken = collect(GroupFilterConfig("top_p_variance", keep_fraction=0.5), 3, stream)
     chosen, filtered, metrics = selection.result()
     assert taken == 6
     assert [g.index for g in chosen] == [5, 1, 2] and metrics["rollout/groups_filtered"] == 3
@@ -84,13 +84,13 @@ def test_top_p_variance_over_samples_and_keeps_the_largest_spread() -> None:
     kind=st.sampled_from(["none", "zero_variance", "top_p_variance"]),
     needed=st.integers(1, 6),
     max_extra=st.integers(0, 6),
-    top_p=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
+    keep_fraction=st.sampled_from([0.25, 0.5, 0.75, 1.0]),
     stream=st.lists(st.lists(st.sampled_from([0.0, 1.0, 2.5]), min_size=2, max_size=2), min_size=60, max_size=60),
 )
 def test_every_selection_ends_with_exactly_the_groups_needed(
-    kind: str, needed: int, max_extra: int, top_p: float, stream: list[list[float]]
+    kind: str, needed: int, max_extra: int, keep_fraction: float, stream: list[list[float]]
 ) -> None:
-    cfg = GroupFilterConfig(kind, max_extra_groups=max_extra, top_p=top_p)  # type: ignore[arg-type]
+    cfg = GroupFilterConfig(kind, max_extra_groups=max_extra, keep_fraction=keep_fraction)  # type: ignore[arg-type]
     selection, taken = collect(cfg, needed, stream)
     chosen, filtered, metrics = selection.result()
     assert selection.missing == 0, "a bounded stream always completes the selection"
@@ -104,8 +104,8 @@ def test_every_selection_ends_with_exactly_the_groups_needed(
     ("overrides", "message"),
     [
         ({"kind": "zero_variance", "group_size": 1}, "group_filter.kind=zero_variance compares the members"),
-        ({"kind": "top_p_variance", "top_p": 0.0}, r"group_filter.top_p must be in \(0, 1\]"),
-        ({"kind": "top_p_variance", "top_p": 1.5}, r"group_filter.top_p must be in \(0, 1\]"),
+        ({"kind": "top_p_variance", "keep_fraction": 0.0}, r"group_filter.keep_fraction must be in \(0, 1\]"),
+        ({"kind": "top_p_variance", "keep_fraction": 1.5}, r"group_filter.keep_fraction must be in \(0, 1\]"),
         ({"kind": "zero_variance", "max_extra_groups": -1}, "group_filter.max_extra_groups must be >= 0"),
         ({"kind": "zero_variance", "tolerance": -0.1}, "group_filter.tolerance must be >= 0"),
         ({"kind": "variance"}, "group_filter.kind must be none, zero_variance or top_p_variance"),
@@ -176,7 +176,7 @@ async def test_the_bound_holds_when_every_group_is_flat(pool: EnvPool, tokenizer
 
 
 async def test_top_p_variance_plays_more_groups_and_keeps_the_fraction(pool: EnvPool, tokenizer: Any) -> None:
-    cfg = rollout_config(group_filter=GroupFilterConfig("top_p_variance", top_p=0.25))
+    cfg = rollout_config(group_filter=GroupFilterConfig("top_p_variance", keep_fraction=0.25))
     scheduler = RolloutScheduler(pool, SimulatedEngine(tokenizer, MOVES, latency_s=0.002, seed=5), tokenizer, cfg)
     try:
         batch = await scheduler.get_batch()

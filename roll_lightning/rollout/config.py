@@ -29,55 +29,33 @@ DEFAULT_ENV = "sokoban"
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """How episodes are collected.
+    """How episodes are collected (docs/training.md says why each setting exists and what it costs).
 
     Args:
-        env_id: the env every episode plays, as registered on the env servers (default ``sokoban``). Built in:
-            ``sokoban``, ``frozenlake``, ``webshop``, ``gem:<id>`` (a GEM game), ``gym:<id>``; ``python -m
-            env_servers describe ID`` prints one's spec and config keys (for ``env_config``).
+        env_id: the env every episode plays, as registered on the env servers (``python -m env_servers describe
+            ID`` prints its spec and config keys).
         env_config: per-session env config (validated by the server against its schema).
         envs: several envs in one run, instead of ``env_id``/``env_config``: a list of ``{tag, env_id,
-            env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`); every batch holds exactly
-            ``groups`` groups of each, in list order, and each tag gets its own metrics (``rollout/<tag>/...``).
+            env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`).
         group_size: episodes per group; all start from the same seed.
-        group_redundancy: extra members started per group; the first ``group_size`` to finish are kept (which
-            favours short episodes: 2 extra made trained FrozenLake episodes 22% shorter, docs/benchmarks.md).
-        batch_size: trajectories (episodes) per `get_batch`; a multiple of ``group_size``.
+        group_redundancy: extra members started per group; the first ``group_size`` to finish are kept.
+        batch_size: episodes per `get_batch`; a multiple of ``group_size``.
         concurrent_episodes: episodes running at once (async mode).
-        max_staleness: how many policy versions old a group's oldest reply may be (0 = strictly on-policy: the
-            scheduler starts only the groups the current batch needs).
-        staleness: how the bound is kept. ``admit`` (default): batches take the oldest started groups, waiting
-            for them, so none outlives the bound and every group started is trained; ``drop``: batches take the
-            first groups to complete, and a group that outlives the bound is dropped (long episodes go stale
-            more often). Measured in docs/benchmarks.md, "Staleness and redundancy".
-        episode_retries: a failed episode (env fault, timeout) is replayed on a fresh session with the same seed
-            this many times; then its whole group is dropped. Failures while every env endpoint is down use no
-            retry (the replay waits for an endpoint, up to ``envs.outage_timeout_s``).
-        retry_backoff_s: wait before the first replay of a failed episode; doubled for each further failure of
-            the same episode (at most 30 s), with jitter, so a struggling server is not hammered.
-        max_failed_groups_in_a_row: after this many groups dropped for failures in a row, `get_batch` raises
-            instead of retrying forever (e.g. every env server is gone).
+        max_staleness: how many policy versions old a group's oldest reply may be (0 = on-policy).
+        staleness: ``admit`` (batches take the oldest started groups; none goes stale) or ``drop`` (batches take
+            the first groups to finish; stale ones are dropped).
+        episode_retries: replays of a failed episode (same seed, fresh session) before its group is dropped.
+        retry_backoff_s: wait before the first replay; doubled per further failure (at most 30 s), with jitter.
+        max_failed_groups_in_a_row: `get_batch` raises after this many groups dropped for failures in a row.
         turn_timeout_s: deadline of one reply from the engine.
         episode_timeout_s: deadline of one whole episode.
-        mode: ``async`` (every episode runs on its own) or ``lockstep`` (all episodes of a batch take each turn
-            together; the generation waits for the slowest env: for debugging and as a baseline).
-        on_suspend: what happens to the replies being generated when generation is suspended (before each
-            weight load, and before the engine sleeps for training when colocated). ``wait`` (default): the
-            suspend waits for them to finish with the old weights. ``abort``: they are cancelled at once (ROLL's
-            abort at sync) and each of those turns is asked again, from the same prompt, when generation resumes,
-            so it is written by the new weights and records that policy version; nothing of an aborted reply is
-            kept and the env is stepped only once per turn, with a whole reply. Saves the sync the wait for long
-            replies at the cost of the generation work thrown away (vLLM stops an aborted request at its next
-            step; the transformers engine finishes the batch it is computing before weights load). Matters when
-            replies are in flight at a sync (``max_staleness`` > 0, ``data.colocate: false``, groups started to
-            replace filtered ones); pays when a few long replies would stall every sync. Works in both modes;
-            ``max_staleness`` is applied as before, so a group whose reply is longer than the time between syncs
-            can age out and be dropped (``rollout/dropped_groups_stale_total``). Counted per batch in
-            ``rollout/turns_redone`` and in ``rollout/turns_aborted_total``.
+        mode: ``async`` (every episode on its own) or ``lockstep`` (every episode of a batch takes turn k before
+            any takes turn k+1).
+        on_suspend: the replies in flight when generation is suspended (before a weight load or the engine's
+            sleep): ``wait`` lets them finish with the old weights; ``abort`` cancels them and asks those turns
+            again after the resume, with the new weights.
         seed: the run's seed; group g's seed is derived from (seed, g), so runs and resumes are reproducible.
-        group_filter: dynamic sampling: which complete groups a batch keeps (``kind: zero_variance`` drops groups
-            whose members all scored the same and plays replacements; ``top_p_variance`` over-samples and keeps
-            the groups with the largest score spread). Off (``none``) by default; see `rollout.filters`.
+        group_filter: dynamic sampling (`rollout.filters`): ``zero_variance`` or ``top_p_variance``; off by default.
         episode: layout, max turns, context budget, sampling, prompt rendering.
     """
 

@@ -144,26 +144,18 @@ class AlgorithmConfig:
         value_coef / value_clip: ppo-gae critic loss weight and clip range.
         ppo_epochs: passes over each rollout batch.
         mini_batches: optimiser steps per epoch (the rollout batch is split into this many parts).
-        batch_adjust: how a batch whose row count does not split into ``mini_batches`` equal parts is adjusted
-            (ROLL's ``batch_adjust_mode``; rows vary with step rows and filtered groups): ``none`` (parts differ
-            by at most one row), ``copy`` (duplicate random rows up to the next multiple), ``delete`` (drop random
-            rows down to the previous one), ``auto`` (copy when at least half a part is missing, else delete) or
-            ``random_sample`` (redraw the batch with replacement at the nearest multiple). Advantages are
-            computed before, so copies never enter group statistics. See `roll_lightning.training.batch_adjust`.
-        micro_batching: ``token_budget`` (rows sorted by length, grouped under ``max_tokens_per_micro``, each
-            group padded only to its own longest row) or ``fixed`` (``micro_batch_size`` rows in order, padded
-            to the batch's longest row). Gradients are the same; the first wastes less compute on padding.
+        batch_adjust: how rows that do not split into ``mini_batches`` equal parts are adjusted (ROLL's modes:
+            ``none`` | ``copy`` | ``delete`` | ``auto`` | ``random_sample``; `training.batch_adjust`).
+        micro_batching: ``token_budget`` (rows grouped by length under ``max_tokens_per_micro``) or ``fixed``
+            (``micro_batch_size`` rows in order); the gradient is the same.
         max_tokens_per_micro: token_budget: the most (rows x padded length) tokens in one forward pass.
         micro_batch_size: fixed: rows per forward pass.
         max_grad_norm: gradient clipping (0 = off).
-        recompute_old_logprobs: the PPO ratio's denominator from a trainer forward pass before the update
-            (True) or the engine's sampling log-probs (False). Their gap is logged as ``train/logprob_gap``.
-            With one optimiser step per batch (``ppo_epochs`` x ``mini_batches`` = 1, no correction applied) no
-            extra pass is made: the update's own forward, detached, is that denominator (the same weights).
+        recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True; with one optimiser
+            step per batch the update's own forward, no extra pass) or the engine's log-probs (False).
         temperature: the sampling temperature; the trainer divides logits by it so its log-probs describe the
             distribution the engine sampled from.
-        correction: off-policy correction of the policy loss (TIS / MIS weights); needs
-            ``recompute_old_logprobs: true`` (without it the old policy *is* the sampler's log-probs).
+        correction: off-policy correction of the policy loss (TIS / MIS); needs ``recompute_old_logprobs: true``.
         gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% more compute).
     """
 

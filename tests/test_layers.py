@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "roll_lightning"
 
 FLOORS: list[set[str]] = [  # bottom first (docs/architecture.md draws the same picture)
-    {"protocol", "_compat", "quiet", "algorithms", "models", "checkpoints"},  # protocol stubs, pure parts
+    {"protocol", "_compat", "quiet", "settings", "algorithms", "models", "checkpoints"},  # stubs, pure parts
     {"env_client"},  # the env client (grpc only, no torch)
     {"rollout", "exits"},  # episodes, engines, the scheduler, the datamodule; how a run ends
     {"training"},  # the LightningModule, its weight sync and GPU handoff, configs, LoRA

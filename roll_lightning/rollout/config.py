@@ -18,6 +18,7 @@ from roll_lightning.rollout.tags import (
     resolve,
     split_evenly,
 )
+from roll_lightning.settings import choices, one_of
 
 if TYPE_CHECKING:
     from roll_lightning.env_client import EnvPool
@@ -95,12 +96,9 @@ class RolloutConfig:
                 f"data.rollout.batch_size={self.batch_size} is not divisible by "
                 f"data.rollout.group_size={self.group_size}: a batch holds whole groups"
             )
-        if self.mode not in ("async", "lockstep"):
-            raise RolloutConfigError(f"data.rollout.mode must be 'async' or 'lockstep', got {self.mode!r}")
-        if self.staleness not in ("drop", "admit"):
-            raise RolloutConfigError(f"data.rollout.staleness must be 'drop' or 'admit', got {self.staleness!r}")
-        if self.on_suspend not in ("wait", "abort"):
-            raise RolloutConfigError(f"data.rollout.on_suspend must be 'wait' or 'abort', got {self.on_suspend!r}")
+        for key in ("mode", "staleness", "on_suspend"):
+            if getattr(self, key) not in choices(self, key):
+                raise RolloutConfigError(f"data.rollout.{key} must be {one_of(self, key)}, got {getattr(self, key)!r}")
         check_episode(self.episode, "data.rollout.episode")
         self.group_filter.check(self.group_size)
         _ = self.lanes  # resolve (and check) the env list now, not at the first batch

@@ -29,6 +29,7 @@ from statistics import pstdev
 from typing import Literal
 
 from roll_lightning.rollout.groups import Group
+from roll_lightning.settings import choices, one_of
 
 FilterKind = Literal["none", "zero_variance", "top_p_variance"]
 
@@ -58,8 +59,8 @@ class GroupFilterConfig:
         from roll_lightning.rollout.config import RolloutConfigError
 
         key = "rollout.group_filter"
-        if self.kind not in ("none", "zero_variance", "top_p_variance"):
-            raise RolloutConfigError(f"{key}.kind must be none, zero_variance or top_p_variance, got {self.kind!r}")
+        if self.kind not in choices(self, "kind"):
+            raise RolloutConfigError(f"{key}.kind must be {one_of(self, 'kind')}, got {self.kind!r}")
         if self.kind != "none" and group_size < 2:
             raise RolloutConfigError(
                 f"{key}.kind={self.kind} compares the members of a group, but rollout.group_size={group_size}: "

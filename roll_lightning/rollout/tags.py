@@ -26,11 +26,12 @@ from typing import Any
 from roll_lightning.rollout.agent_runner import AgentCommand
 from roll_lightning.rollout.episode import EpisodeSettings
 from roll_lightning.rollout.layout import LAYOUTS
+from roll_lightning.settings import ConfigError
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class RolloutConfigError(ValueError):
+class RolloutConfigError(ConfigError):
     """A rollout setting that cannot work; the message names the key."""
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Literal
 
 from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
 from roll_lightning.algorithms.aggregation import AggMode, aggregation_named
 from roll_lightning.algorithms.losses import KLKind, kl_estimator
 from roll_lightning.algorithms.objective import Objective
+from roll_lightning.settings import ConfigError, choices, one_of
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
 EstimatorName = Literal["grpo", "gigpo", "ppo-gae"]
@@ -16,7 +17,7 @@ PolicyLossName = Literal["ppo", "gspo"]
 BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
 
 
-class TrainingConfigError(ValueError):
+class TrainingConfigError(ConfigError):
     """A training setting that cannot work; the message names the key."""
 
 
@@ -68,14 +69,9 @@ def _check(section: str, config: object, checks: dict[str, bool]) -> None:
     for key, ok in checks.items():
         if not ok:
             value = getattr(config, key)
-            rule = _RULES.get(key) or "one of " + ", ".join(map(str, _choices(config, key)))
+            rule = _RULES.get(key) or one_of(config, key)
             reason = f": {_REASONS[key]}" if key in _REASONS else ""
             raise TrainingConfigError(f"{section}.{key} must be {rule}, got {value!r}{reason}")
-
-
-def _choices(config: object, key: str) -> tuple[Any, ...]:
-    """The values a ``Literal``-typed setting allows, read from its type: each choice is declared once."""
-    return get_args(get_type_hints(type(config))[key])
 
 
 def check_sampling_temperature(value: float) -> None:
@@ -109,9 +105,9 @@ class CorrectionConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "mode": self.mode in _choices(self, "mode"),
-            "level": self.level in _choices(self, "level"),
-            "span": self.span in _choices(self, "span"),
+            "mode": self.mode in choices(self, "mode"),
+            "level": self.level in choices(self, "level"),
+            "span": self.span in choices(self, "span"),
             "cap": self.cap > 1,
         }
         _check("model.algorithm.correction", self, checks)
@@ -189,19 +185,19 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "estimator": self.estimator in _choices(self, "estimator"),
-            "loss": self.loss in _choices(self, "loss"),
-            "aggregation": self.aggregation in _choices(self, "aggregation"),
+            "estimator": self.estimator in choices(self, "estimator"),
+            "loss": self.loss in choices(self, "loss"),
+            "aggregation": self.aggregation in choices(self, "aggregation"),
             "ppo_epochs": self.ppo_epochs >= 1,
             "mini_batches": self.mini_batches >= 1,
-            "batch_adjust": self.batch_adjust in _choices(self, "batch_adjust"),
+            "batch_adjust": self.batch_adjust in choices(self, "batch_adjust"),
             "micro_batch_size": self.micro_batch_size >= 1,
             "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
             "temperature": self.temperature > 0,
             "kl_coef": self.kl_coef >= 0,
-            "kl_kind": self.kl_kind in _choices(self, "kl_kind"),
+            "kl_kind": self.kl_kind in choices(self, "kl_kind"),
             "dual_clip": self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip),
-            "micro_batching": self.micro_batching in _choices(self, "micro_batching"),
+            "micro_batching": self.micro_batching in choices(self, "micro_batching"),
             "clip_low": self.clip_low is None or self.clip_low >= 0,
             "clip_high": self.clip_high is None or self.clip_high >= 0,
             "gamma": 0 <= self.gamma <= 1,
@@ -299,7 +295,7 @@ class OptimConfig:
             "betas": len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas),
             "eps": self.eps > 0,
             "warmup_steps": self.warmup_steps >= 0,
-            "schedule": self.schedule in _choices(self, "schedule"),
+            "schedule": self.schedule in choices(self, "schedule"),
             "total_steps": self.total_steps >= 1,
             "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
         }
@@ -352,7 +348,7 @@ class LoraConfig:
             "alpha": self.alpha > 0,
             "dropout": 0 <= self.dropout < 1,
             "target_modules": len(names) > 0 and all(isinstance(n, str) and n for n in names),
-            "sync": self.sync in _choices(self, "sync"),
+            "sync": self.sync in choices(self, "sync"),
         }
         _check("model.lora", self, checks)
 

@@ -246,7 +246,7 @@ async def test_abort_keeps_max_staleness_as_it_was(pool: EnvPool, tokenizer: Any
 
 def test_on_suspend_is_wait_or_abort() -> None:
     assert RolloutConfig().on_suspend == "wait"
-    with pytest.raises(RolloutConfigError, match="data.rollout.on_suspend must be 'wait' or 'abort'"):
+    with pytest.raises(RolloutConfigError, match="data.rollout.on_suspend must be one of wait, abort"):
         config(on_suspend="drop")
 
 

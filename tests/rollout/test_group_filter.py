@@ -108,7 +108,7 @@ def test_every_selection_ends_with_exactly_the_groups_needed(
         ({"kind": "top_p_variance", "keep_fraction": 1.5}, r"group_filter.keep_fraction must be in \(0, 1\]"),
         ({"kind": "zero_variance", "max_extra_groups": -1}, "group_filter.max_extra_groups must be >= 0"),
         ({"kind": "zero_variance", "tolerance": -0.1}, "group_filter.tolerance must be >= 0"),
-        ({"kind": "variance"}, "group_filter.kind must be none, zero_variance or top_p_variance"),
+        ({"kind": "variance"}, "group_filter.kind must be one of none, zero_variance, top_p_variance"),
     ],
 )
 def test_impossible_filter_settings_name_the_key(overrides: dict[str, Any], message: str) -> None:

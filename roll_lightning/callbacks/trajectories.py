@@ -9,7 +9,7 @@ The output folder (default ``{trainer.log_dir}/trajectories``) holds:
   browsers refuse ``fetch``) it takes the JSONL files through its file picker.
 
 Which batch: `AgentRLModule.training_step` pulls its batch through ``dataloader_iter`` and keeps it as
-``pl_module.last_batch``; this callback reads that attribute in ``on_train_batch_end`` (the ``batch`` argument
+``pl_module.fit_record.last_batch``; this callback reads it in ``on_train_batch_end`` (the ``batch`` argument
 is the fallback for modules without it). Only global rank 0 writes: every rank holds a different share of the
 episodes, and one sample is what a person looks at.
 """
@@ -211,14 +211,15 @@ class TrajectoryDump(L.Callback):
         # A step that did not advance the counter (a skipped batch) must not dump the previous batch again.
         if step <= 0 or step % self.every_n_steps or step == self._last_step:
             return
-        rollout = getattr(pl_module, "last_batch", None)
+        record = getattr(pl_module, "fit_record", None)  # `AgentRLModule`'s (or any module's shaped like it)
+        rollout = getattr(record, "last_batch", None)
         if rollout is None and hasattr(batch, "episodes"):
             rollout = batch
         if rollout is None or not rollout.episodes:
             return
         self._last_step = step
         tokenizer = getattr(trainer.datamodule, "tokenizer", None) if self.tokenizer_for_prompts else None
-        values = getattr(pl_module, "last_row_advantages", None)
+        values = getattr(record, "last_row_advantages", None)
         advantages = (
             turn_advantages(rollout, values) if isinstance(values, list) and len(values) == len(rollout) else None
         )

@@ -1,7 +1,9 @@
-"""`EvalReport`: one held-out evaluation during fit, as the terminal shows it."""
+"""`EvalReport`: one held-out evaluation during fit, as the terminal shows it; `FitRecord`: what the terminal,
+the summary and the trajectory dumps read of a fit."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -69,3 +71,17 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class FitRecord:
+    """What the displays read of a fit, kept by the module in one place (``module.fit_record``)."""
+
+    started: float = field(default_factory=time.perf_counter)  # this fit's start (minutes in reports, the ETA)
+    steps_at_start: int = 0  # the step this fit started at (after a resume: the restored count)
+    evals: list[EvalReport] = field(default_factory=list)  # held-out evaluations during fit, kept across resume
+    last_batch: Any = None  # the batch just trained on (a `RolloutBatch`), for `TrajectoryDump`
+    last_row_advantages: list[float] | None = None  # its rows' advantages, one per row
+
+    def begin(self, steps_done: int) -> None:
+        self.started, self.steps_at_start = time.perf_counter(), steps_done

@@ -19,11 +19,10 @@ expanded after the update; they serve again once `WeightSync`'s load, which foll
 weights.
 
 The optimiser state goes to the CPU only when the engine needs the memory (colocated on a GPU), and comes
-back before every optimiser step. After the update this callback
-wakes the engine it put to sleep (or expands what it shrank), before `WeightSync` loads the new weights: the
-module lists it first among its callbacks, and calls `on_rollout_end` itself, between the rollout and the
-update. ``data.colocate`` is the datamodule's setting, read here only. Device operations go through
-`DeviceOps`, so tests run the CUDA rows on a CPU with a recording stand-in.
+back before every optimiser step. The module's `training_step` calls the three columns in order
+(`before_rollout`, `to_training`, `to_generation`), the last before `WeightSync` loads the new weights.
+``data.colocate`` is the datamodule's setting, read here only. Device operations go through `DeviceOps`, so
+tests run the CUDA rows on a CPU with a recording stand-in.
 """
 
 from __future__ import annotations
@@ -66,8 +65,9 @@ def plan_handoff(accelerator: str, colocate: bool | str) -> HandoffPlan:
 
 
 class GPUHandoff(L.Callback):
-    """Added by the module itself; acts when the rollout is colocated (``data.colocate: true``, the default) or
-    partly colocated (``partial``)."""
+    """Acts when the rollout is colocated (``data.colocate: true``, the default) or partly colocated
+    (``partial``). Registered by the module as a callback (so a test can find it and swap its ``ops``); its
+    steps are called by the module's `training_step`."""
 
     def __init__(self, ops: DeviceOps | None = None) -> None:
         self.ops: DeviceOps = ops or TorchDeviceOps()
@@ -78,15 +78,15 @@ class GPUHandoff(L.Callback):
         colocate = rollout.colocate if rollout is not None else False  # no rollout: nothing to hand over
         return plan_handoff(torch.device(self.ops.device(pl_module)).type, colocate)
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self.plan(trainer, pl_module).offload_optimizer:  # the engine gets the memory while it generates
+    def before_rollout(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The engine gets the memory while it generates: the optimiser state goes to the CPU (colocated CUDA)."""
+        if self.plan(trainer, pl_module).offload_optimizer:
             for optimizer in trainer.optimizers:
                 self.ops.move_optimizer_state(optimizer, "cpu")
 
-    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
-        """Called by the module between the rollout and the update (not a Lightning hook)."""
+    def to_training(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        """Between the rollout and the update: generation suspends and the engine sleeps (or the shared replicas
+        shrink), and the optimiser state comes back to the device."""
         datamodule = rollout_of(trainer)
         plan = self.plan(trainer, pl_module)
         if datamodule is None or not (plan.sleep_engine or plan.shrink_shared):
@@ -117,11 +117,9 @@ class GPUHandoff(L.Callback):
             self._warned = True
         pl_module.log("timing/handoff_s", time.perf_counter() - started, on_step=True, batch_size=len(batch))
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        """Give the device back to generation before `WeightSync` loads the new weights: wake the engine that
-        slept (colocated), or expand the `train` replicas (partial overlap)."""
+    def to_generation(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After the update, before `WeightSync` loads the new weights: wake the engine that slept (colocated),
+        or expand the `train` replicas (partial overlap)."""
         rollout, plan = rollout_of(trainer), self.plan(trainer, pl_module)
         if rollout is None:
             return

@@ -45,7 +45,7 @@ from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
-from roll_lightning.training.eval_report import EvalPrinter, EvalReport
+from roll_lightning.training.eval_report import EvalPrinter, EvalReport, FitRecord
 from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
 from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
@@ -116,13 +116,10 @@ class AgentRLModule(L.LightningModule):
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
         self.steps_done = 0  # rollout batches trained on (the limit is rollout_steps_limit)
-        self.handoff = GPUHandoff()  # the GPU handoff: a callback (see configure_callbacks) this module also calls
-        self.last_batch: RolloutBatch | None = None
-        self.last_row_advantages: list[float] | None = None  # the last batch's, one per row (TrajectoryDump)
+        self.handoff = GPUHandoff()  # generation and training take turns on the device (`training_step`)
+        self.weight_sync = WeightSync(bucket_bytes=sync_bucket_bytes)  # the new weights into the engine
+        self.fit_record = FitRecord()  # what the terminal, the summary and the trajectory dumps read
         self._measure_gap = False
-        self.fit_started = time.perf_counter()  # wall clock of this fit's start (minutes in reports, the ETA)
-        self.steps_at_fit_start = 0  # steps_done when this fit started (after a resume: the restored count)
-        self.eval_reports: list[EvalReport] = []  # held-out evaluations during fit, kept across resume
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -170,23 +167,37 @@ class AgentRLModule(L.LightningModule):
     # -- the step ------------------------------------------------------------------------------------
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
+        """One rollout step, in the order it happens:
+
+        1. the engine gets the device's memory: the optimiser state to the CPU (`GPUHandoff.before_rollout`);
+        2. rollout: the next batch is played with the engine's current weights (pulled here, never ahead);
+        3. the device goes to training: generation suspends, the engine sleeps (`GPUHandoff.to_training`);
+        4. the update (`update`): no-grad passes, advantages, ``ppo_epochs x mini_batches`` optimiser steps;
+        5. the device goes back to generation: the engine wakes (`GPUHandoff.to_generation`);
+        6. weight sync: the new weights stream into the engine, the policy version is the step count
+           (`WeightSync.after_update`);
+        7. the step's metrics are logged.
+        """
+        self.handoff.before_rollout(self.trainer, self)  # 1
         started = time.perf_counter()
-        batch, _, _ = next(dataloader_iter)  # the rollout happens here
+        batch, _, _ = next(dataloader_iter)  # 2
         rollout_s = time.perf_counter() - started
-        self.handoff.on_rollout_end(self.trainer, self, batch)  # the engine may sleep now (training/gpu_handoff.py)
+        self.handoff.to_training(self.trainer, self, batch)  # 3
         batch = batch.to(self.device)
-        self.last_batch, self.last_row_advantages = batch, None
+        self.fit_record.last_batch, self.fit_record.last_row_advantages = batch, None
         started = time.perf_counter()
         autocast = self.compute_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-            metrics = self.update(batch)
+            metrics = self.update(batch)  # 4
         metrics["timing/train_s"] = time.perf_counter() - started
         metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
-        metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_started  # wall time since this fit began
         self.steps_done += 1
-        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))
+        self.handoff.to_generation(self.trainer, self)  # 5
+        self.weight_sync.after_update(self.trainer, self)  # 6
+        metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_record.started  # since this fit began
+        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))  # 7
         # One step number everywhere: every logger's x axis is the rollout step, counted from 1 as trajectory dumps
         # and the terminal count it ("step" is the key Lightning's loggers take their step from)
         self.log("step", float(self.steps_done), on_step=True, batch_size=len(batch))
@@ -205,7 +216,7 @@ class AgentRLModule(L.LightningModule):
             out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
             out["train/zero_advantage_share"] = float(silent.float().mean())
             # per row (token advantages: their mean over the row's replies), for the trajectory viewer
-            self.last_row_advantages = row_advantages(advantages, batch).tolist()
+            self.fit_record.last_row_advantages = row_advantages(advantages, batch).tolist()
             nothing = bool(silent.all()) and algo.kl_coef == 0 and algo.entropy_coef == 0 and self.critic is None
             if self._on_every_rank(nothing):
                 return {**out, **self._skip_update(opt)}
@@ -398,8 +409,7 @@ class AgentRLModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
-        self.fit_started = time.perf_counter()
-        self.steps_at_fit_start = self.steps_done
+        self.fit_record.begin(self.steps_done)
         rollout = rollout_of(self.trainer)
         if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
             return
@@ -417,12 +427,13 @@ class AgentRLModule(L.LightningModule):
     def _report_eval(self, metrics: dict[str, float]) -> None:
         """Record a held-out evaluation during fit; a progress bar that prints evaluations (`EvalPrinter`:
         `RunProgress`) shows it, else the log does."""
-        if self.eval_reports and self.eval_reports[-1].step == self.steps_done:
+        evals = self.fit_record.evals
+        if evals and evals[-1].step == self.steps_done:
             return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
-        minutes = (time.perf_counter() - self.fit_started) / 60
-        first = self.eval_reports[0] if self.eval_reports else None
+        minutes = (time.perf_counter() - self.fit_record.started) / 60
+        first = evals[0] if evals else None
         report = EvalReport.of(self.steps_done, metrics, minutes, first)
-        self.eval_reports.append(report)
+        evals.append(report)
         if not isinstance(self.trainer.progress_bar_callback, EvalPrinter):
             from lightning.pytorch.utilities import rank_zero_info
 
@@ -435,7 +446,7 @@ class AgentRLModule(L.LightningModule):
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
-        return [self.handoff, WeightSync(bucket_bytes=self.sync_bucket_bytes)]  # in this order (see GPUHandoff)
+        return [self.handoff, self.weight_sync]
 
     @property
     def policy_version(self) -> int:
@@ -445,7 +456,7 @@ class AgentRLModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.steps_done
-        checkpoint["eval_reports"] = [report.to_dict() for report in self.eval_reports]
+        checkpoint["eval_reports"] = [report.to_dict() for report in self.fit_record.evals]
         if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on, and its layout
             from roll_lightning.training.lora import trainable_keys
 
@@ -468,7 +479,7 @@ class AgentRLModule(L.LightningModule):
                     f" weight): it holds {checkpoint.get('lora', {}).get('config')}, this run has {self.lora}"
                 )
         self.steps_done = checkpoint.get("rollout_steps", 0)
-        self.eval_reports = [EvalReport(**report) for report in checkpoint.get("eval_reports", [])]
+        self.fit_record.evals = [EvalReport(**report) for report in checkpoint.get("eval_reports", [])]
 
 
 def row_advantages(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

@@ -1,29 +1,8 @@
 """`WeightSync`: after every policy update, the engine generates with the new weights.
 
-Each rank owns an engine (colocated generation), so every rank needs the full weights. They are streamed in
-buckets of at most ``bucket_bytes`` (a tensor larger than that travels alone), straight from the trainer's
-tensors on their device into the engine, which copies each bucket into its own weights before the next bucket is
-made: no second full copy of the model exists at any time, on the CPU or the accelerator. Under FSDP2 each
-parameter is gathered with ``full_tensor()`` (a collective all ranks join, one tensor at a time) into the current
-bucket, so peak memory is the shards plus one bucket; without sharding a bucket holds references to the
-trainer's own parameters and costs nothing. The trainer's thread makes the buckets (the collectives stay on the
-thread Lightning set the device on) and hands them over one at a time (`BucketFeed`) to the engine's load, which
-runs on the rollout loop. A tied output head is the embedding's tensor and travels once.
-
-With LoRA (``model.lora``) an engine that applies adapters itself (vLLM built with ``max_lora_rank``) gets the
-adapters alone, gathered and copied in one piece (`send_adapter`: they are small); any other engine gets the
-merged weights ``W + B A * scale`` under the base model's names, streamed in buckets as above
-(`roll_lightning.training.lora.merged_entries`).
-
-The engine's policy version becomes the number of rollout steps trained, which is what staleness is measured
-against. The engine starts from the model folder, so after a checkpoint is restored (``fit --ckpt_path``,
-``validate --ckpt_path``) it is behind the module: the weights are loaded once more before training or
-evaluation starts.
-
-Logged each step: ``sync/total_s`` (suspend the rollout, stream, resume), ``sync/gather_s``
-(making the buckets: the gathers under FSDP2), ``sync/load_s`` (waiting for the engine to load them),
-``sync/bytes`` (streamed, a tied weight once; with adapters, theirs), ``sync/buckets``, ``sync/adapter`` (1 when
-the adapters went, not the weights) and ``sync/policy_version``.
+The weights stream in buckets from the trainer's tensors into the engine, never as a second full copy; with
+LoRA an engine that applies adapters gets the adapters alone. How, and what is logged: docs/architecture.md,
+"Weight sync".
 """
 
 from __future__ import annotations
@@ -141,8 +120,9 @@ def stream_weights(
 
 
 class WeightSync(L.Callback):
-    """Loads the actor's weights into the rollout engine after each training step (added by the module itself,
-    so a config cannot drop it).
+    """Loads the actor's weights into the rollout engine: after each update (`after_update`, called by the
+    module's `training_step`), and as a callback at the start of training and evaluation when the engine holds
+    older weights (a restored checkpoint). The module adds it itself, so a config cannot drop it.
 
     Args:
         bucket_bytes: the most bytes of weights in one bucket (a larger single tensor travels alone): the memory
@@ -154,9 +134,7 @@ class WeightSync(L.Callback):
             raise ValueError(f"WeightSync: bucket_bytes must be >= 1, got {bucket_bytes}")
         self.bucket_bytes = int(bucket_bytes)
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: AgentRLModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def after_update(self, trainer: L.Trainer, pl_module: AgentRLModule) -> None:
         timings = self._sync(trainer, pl_module)
         if timings is not None:
             pl_module.log_dict(timings, on_step=True, batch_size=1)
@@ -180,8 +158,8 @@ class WeightSync(L.Callback):
             )
 
     def _sync(self, trainer: L.Trainer, pl_module: AgentRLModule) -> dict[str, float] | None:
-        """Suspend the rollout, stream the weights, resume. The engine is awake: `GPUHandoff` woke (or expanded)
-        it before this callback runs."""
+        """Suspend the rollout, stream the weights, resume. The engine is awake: `GPUHandoff.to_generation` woke
+        (or expanded) it just before."""
         rollout = rollout_of(trainer)
         if rollout is None or pl_module.actor is None:
             return None

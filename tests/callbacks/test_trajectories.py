@@ -23,12 +23,13 @@ from roll_lightning.callbacks.trajectories import (
 )
 from roll_lightning.rollout.batch import RolloutBatch, collate
 from roll_lightning.rollout.episode import Episode
+from roll_lightning.training.eval_report import FitRecord
 
 
 class RolloutModule(L.LightningModule):
-    """Shaped like `AgentRLModule` where the callback looks: batch via ``dataloader_iter``, ``last_batch``,
-    ``last_row_advantages`` (here row i gets 10 * i) and ``rollout_steps`` set in ``training_step``. ``bare``:
-    none of them (the fallbacks)."""
+    """Shaped like `AgentRLModule` where the callback looks: batch via ``dataloader_iter``, ``fit_record`` with
+    ``last_batch`` and ``last_row_advantages`` (here row i gets 10 * i), and ``steps_done``, set in
+    ``training_step``. ``bare``: none of them (the fallbacks)."""
 
     def __init__(self, bare: bool = False) -> None:
         super().__init__()
@@ -37,7 +38,7 @@ class RolloutModule(L.LightningModule):
         self.bare = bare
         if not bare:
             self.steps_done = 0
-            self.last_batch: RolloutBatch | None = None
+            self.fit_record = FitRecord()
 
     def training_step(self, dataloader_iter: Any) -> None:
         batch, _, _ = next(dataloader_iter)
@@ -46,8 +47,8 @@ class RolloutModule(L.LightningModule):
         self.manual_backward((self.weight - 1).pow(2).sum())
         opt.step()
         if not self.bare:
-            self.last_batch = batch
-            self.last_row_advantages = [10.0 * i for i in range(len(batch))]
+            self.fit_record.last_batch = batch
+            self.fit_record.last_row_advantages = [10.0 * i for i in range(len(batch))]
             self.steps_done += 1
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -182,7 +183,7 @@ def test_viewer_written_once_and_index_keeps_older_files(tmp_path: Path, tokeniz
 def test_rank_zero_only(tmp_path: Path, tokenizer: Any) -> None:
     callback = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path))
     batch = collate(make_episodes(tokenizer, 1), "trajectory", tokenizer.pad_token_id)
-    module = SimpleNamespace(rollout_steps=1, last_batch=batch)
+    module = SimpleNamespace(steps_done=1, fit_record=FitRecord(last_batch=batch))
     trainer = SimpleNamespace(is_global_zero=False, global_step=1, datamodule=None, default_root_dir=str(tmp_path))
     callback.on_train_batch_end(trainer, module, None, batch, 0)  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []

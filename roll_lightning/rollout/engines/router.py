@@ -1,32 +1,8 @@
 """`EngineRouter`: several engine replicas (data-parallel generation) behind the one-engine interface.
 
-Routing is sticky per conversation key: every turn of an episode goes to the replica that served its first
-turn, so that replica's prefix cache already holds the conversation. A new key goes to the replica with the
-fewest live conversations. Weight loads, sleep and wake go to every replica at once.
-
-A streamed weight load (buckets, `engines.base.Weights`) can be read only once, so the router reads it and hands
-each bucket to every replica, all loading at once, and takes the next bucket only when every replica is done with
-this one: one bucket is alive at a time, whatever the number of replicas. Replicas that cannot load beside a
-sibling (``concurrent_loads = False``: in-process vLLM engines share one process-wide lock) are loaded one after
-the other instead, from a list of the buckets the router keeps until the last replica has loaded: references to
-the caller's tensors, which costs nothing when they are the trainer's own parameters, and one full copy when the
-buckets are gathered (FSDP2) or converted. Real data-parallel vLLM runs one engine per rank (one process each).
-
-Partial overlap (ROLL's shrink/expand sampler): each replica has a device label (``data.engine.devices``; the
-label ``train`` is the device this rank trains on). `shrink` takes the replicas on some devices out of service
-so training can use those devices while the others keep generating; `expand` brings them back. A shrink
-
-- stops routing to them, and moves their conversations to the replicas left (the next turn's prompt holds the
-  whole conversation, so its prefix is recomputed there);
-- cancels the replies they are computing; each of those turns is asked again, at once, of a replica left, and a
-  reply a shrunk replica finished but nobody had read yet is dropped the same way (a shrink bumps the replica's
-  epoch; a reply from an older epoch never reaches an episode);
-- puts them to sleep (frees their accelerator memory; a no-op on a CPU).
-
-A shrunk replica takes no weight loads. `expand` wakes it; it serves again only once it holds the weights of the
-last load (the next `load_weights`, which `WeightSync` does right after the update), unless ``skip_load`` lets
-it serve its older weights at once (its replies then carry their true, older policy version, and staleness
-counts them as such). Both return a dict of what moved, as the seeds' ``shrink_sampler``/``expand_sampler`` do.
+Routing is sticky per conversation; loads, sleep and wake go to every replica; `shrink` and `expand` take the
+replicas on some devices out of service and back (partial overlap). How, and why: docs/architecture.md,
+"Engine replicas".
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ class RolloutConfig:
     """How episodes are collected (docs/training.md says why each setting exists and what it costs).
 
     Args:
-        env_id: the env every episode plays, as registered on the env servers (``python -m env_servers describe
-            ID`` prints its spec and config keys).
+        env_id: the env every episode plays, as registered on the env servers: ``sokoban``, ``frozenlake``,
+            ``webshop``, ``calculator``, ``lookup``, ``gem:<id>``, ``gym:<id>``, ``textarena:<id>``,
+            ``openenv:...``, ``mcp:...``; ``python -m env_servers describe ID`` prints its spec and config keys.
         env_config: per-session env config (validated by the server against its schema).
         envs: several envs in one run, instead of ``env_id``/``env_config``: a list of ``{tag, env_id,
             env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`).

@@ -194,9 +194,8 @@ async def test_replay_caches_hold_only_the_latest_answers_over_thousands_of_imag
             held = list(table._sessions.values())
             assert len(held) == sessions_n
             for session in held:  # one Reset and one Step answer per session, those of the latest episode
-                reset_id, reset = session.last_reset
-                step_id, index, last = session.last_step
-                assert reset.episode_id == last.episode_id == session.episode_id and index == 2
+                reset, last = session.last_reset.result, session.last_step.result
+                assert reset.episode_id == last.episode_id == session.episode_id and session.last_step.step_index == 2
                 assert len(reset.images) == len(last.images) == 1
             assert len(table._created) <= 4 * table.max_sessions
     finally:

@@ -104,7 +104,6 @@ class AgentRLModule(L.LightningModule):
             raise TrainingConfigError(f"model.sync_bucket_bytes must be >= 1, got {sync_bucket_bytes}")
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
-        self.sync_bucket_bytes = sync_bucket_bytes
         self.lora = lora
         if lora.enabled:  # checkpoints hold the adapters; the frozen base comes from model.model again
             from roll_lightning.training.lora import keep_only_adapters

@@ -23,7 +23,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from roll_lightning.exits import run_cli
+from roll_lightning.exits import close_process_group, run_cli
 from roll_lightning.quiet import silence_known_noise
 from roll_lightning.rollout.datamodule import RolloutDataModule
 from roll_lightning.training.module import AgentRLModule
@@ -131,6 +131,7 @@ def _run(args: list[str] | None) -> None:
         auto_configure_optimizers=False,
         trainer_defaults=_trainer_defaults(),
     )
+    close_process_group()
 
 
 def _trainer_defaults() -> dict[str, Any]:

@@ -285,3 +285,14 @@ def exit_within(status: int, grace_s: float = EXIT_GRACE_S) -> None:
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
     # called as interpreter exit begins, before it waits for the threads (concurrent.futures uses the same hook)
     threading._register_atexit(exiting.set)  # type: ignore[attr-defined]
+
+
+def close_process_group() -> None:
+    """Destroy torch.distributed's process group after a run that ended well. Left to interpreter exit, Gloo's
+    worker threads can abort the process (SIGABRT: "terminate called without an active exception"; pytorch
+    #190489); Lightning closes only NCCL's. Not after a failure: a peer still in a collective would hang it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank closes its connections while another still reads the last collective's answer
+        dist.destroy_process_group()

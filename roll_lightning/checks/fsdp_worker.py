@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checks.handmade import Repeat, handmade_batch
+from roll_lightning.exits import close_process_group
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 from roll_lightning.training.module import AgentRLModule
@@ -87,6 +88,7 @@ def main() -> None:
     state = get_model_state_dict(module.actor, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if trainer.global_rank == 0:
         torch.save(state, args.out)
+    close_process_group()
 
 
 if __name__ == "__main__":

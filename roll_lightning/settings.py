@@ -1,8 +1,12 @@
-"""What every setting shares: one error type that names the YAML key, and the values a choice allows."""
+"""What every setting shares: one error type that names the YAML key, one way to state a constraint, and the
+values a choice allows."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, get_args, get_type_hints
+
+Rule = tuple[bool, str]  # (whether the value holds, what it must be: ">= 1", "one of a, b")
 
 
 class ConfigError(ValueError):
@@ -17,3 +21,23 @@ def choices(config: object, key: str) -> tuple[Any, ...]:
 def one_of(config: object, key: str) -> str:
     """The rule a choice breaks, as its error message says it: ``one of a, b, c``."""
     return "one of " + ", ".join(map(str, choices(config, key)))
+
+
+def choice(config: object, key: str) -> Rule:
+    """The rule of a ``Literal``-typed key: its value is one of the type's."""
+    return getattr(config, key) in choices(config, key), one_of(config, key)
+
+
+def check(
+    section: str,
+    config: object,
+    rules: Mapping[str, Rule],
+    error: type[ConfigError] = ConfigError,
+    reasons: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ``error`` for the first rule that does not hold: ``section.key must be <rule>, got <value>``, then
+    ``: <reason>`` where one is given."""
+    for key, (holds, rule) in rules.items():
+        if not holds:
+            reason = f": {reasons[key]}" if reasons and key in reasons else ""
+            raise error(f"{section}.{key} must be {rule}, got {getattr(config, key)!r}{reason}")

@@ -18,7 +18,7 @@ from roll_lightning.rollout.tags import (
     resolve,
     split_evenly,
 )
-from roll_lightning.settings import choices, one_of
+from roll_lightning.settings import check, choice
 
 if TYPE_CHECKING:
     from roll_lightning.env_client import EnvPool
@@ -85,27 +85,23 @@ class RolloutConfig:
         object.__setattr__(
             self, "envs", [_entry(TrainEnv, e, f"data.rollout.envs[{i}]") for i, e in enumerate(self.envs)]
         )
-        positive = ("group_size", "batch_size", "concurrent_episodes", "max_failed_groups_in_a_row")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise RolloutConfigError(f"data.rollout.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("group_redundancy", "max_staleness", "episode_retries", "retry_backoff_s"):
-            if getattr(self, name) < 0:
-                raise RolloutConfigError(f"data.rollout.{name} must be >= 0, got {getattr(self, name)}")
+        rules = {
+            **{k: (getattr(self, k) >= 1, ">= 1") for k in ("group_size", "batch_size", "concurrent_episodes")},
+            "max_failed_groups_in_a_row": (self.max_failed_groups_in_a_row >= 1, ">= 1"),
+            **{k: (getattr(self, k) >= 0, ">= 0") for k in ("group_redundancy", "max_staleness", "episode_retries")},
+            "retry_backoff_s": (self.retry_backoff_s >= 0, ">= 0"),
+            **{k: choice(self, k) for k in ("mode", "staleness", "on_suspend")},
+            **{k: (getattr(self, k) > 0, "> 0") for k in ("turn_timeout_s", "episode_timeout_s")},
+        }
+        check("data.rollout", self, rules, RolloutConfigError)
         if self.batch_size % self.group_size:
             raise RolloutConfigError(
                 f"data.rollout.batch_size={self.batch_size} is not divisible by "
                 f"data.rollout.group_size={self.group_size}: a batch holds whole groups"
             )
-        for key in ("mode", "staleness", "on_suspend"):
-            if getattr(self, key) not in choices(self, key):
-                raise RolloutConfigError(f"data.rollout.{key} must be {one_of(self, key)}, got {getattr(self, key)!r}")
         check_episode(self.episode, "data.rollout.episode")
         self.group_filter.check(self.group_size)
         _ = self.lanes  # resolve (and check) the env list now, not at the first batch
-        for name in ("turn_timeout_s", "episode_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise RolloutConfigError(f"data.rollout.{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def groups_per_batch(self) -> int:
@@ -181,11 +177,13 @@ class EnvsConfig:
     outage_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for name in ("call_timeout_s", "reset_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise RolloutConfigError(f"data.envs.{name} must be > 0, got {getattr(self, name)}")
-        if self.outage_timeout_s < 0:
-            raise RolloutConfigError(f"data.envs.outage_timeout_s must be >= 0, got {self.outage_timeout_s}")
+        rules = {
+            "transport": choice(self, "transport"),
+            "call_timeout_s": (self.call_timeout_s > 0, "> 0"),
+            "reset_timeout_s": (self.reset_timeout_s > 0, "> 0"),
+            "outage_timeout_s": (self.outage_timeout_s >= 0, ">= 0"),
+        }
+        check("data.envs", self, rules, RolloutConfigError)
 
     def pool(self, endpoints: str | tuple[str, ...], env_ids: list[str]) -> EnvPool:
         """A pool over ``endpoints`` (``local``: servers started here for ``env_ids``)."""
@@ -239,9 +237,7 @@ class EvalConfig:
             "temperature": (self.temperature >= 0, ">= 0 (0 = greedy)"),
             "max_new_tokens": (self.max_new_tokens is None or self.max_new_tokens >= 1, ">= 1, or null"),
         }
-        for key, (ok, rule) in rules.items():
-            if not ok:
-                raise RolloutConfigError(f"data.evaluation.{key} must be {rule}, got {getattr(self, key)!r}")
+        check("data.evaluation", self, rules, RolloutConfigError)
         object.__setattr__(
             self, "envs", [_entry(EvalEnv, e, f"data.evaluation.envs[{i}]") for i, e in enumerate(self.envs)]
         )

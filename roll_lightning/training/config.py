@@ -9,7 +9,7 @@ from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, Poli
 from roll_lightning.algorithms.aggregation import AggMode, aggregation_named
 from roll_lightning.algorithms.losses import KLKind, kl_estimator
 from roll_lightning.algorithms.objective import Objective
-from roll_lightning.settings import ConfigError, choices, one_of
+from roll_lightning.settings import ConfigError, check, choice
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
 EstimatorName = Literal["grpo", "gigpo", "ppo-gae"]
@@ -28,50 +28,7 @@ TEMPERATURE_REASON = (
     "greedy decoding is for evaluation only (data.evaluation.temperature: 0)"
 )
 
-# What a checked value must be (the error message says it); a key typed as a Literal must be one of its values.
-_RULES = {
-    "ppo_epochs": ">= 1",
-    "mini_batches": ">= 1",
-    "micro_batch_size": ">= 1",
-    "max_tokens_per_micro": ">= 1",
-    "temperature": "> 0",
-    "kl_coef": ">= 0",
-    "dual_clip": "> 1, or null (off); it is loss: ppo's alone",
-    "clip_low": ">= 0, or null (the loss's default)",
-    "clip_high": ">= 0, or null (the loss's default)",
-    "gamma": "in [0, 1]",
-    "lam": "in [0, 1]",
-    "gigpo_gamma": "in [0, 1]",
-    "step_weight": ">= 0",
-    "entropy_coef": ">= 0",
-    "value_coef": ">= 0",
-    "value_clip": ">= 0",
-    "max_grad_norm": ">= 0 (0 = no clipping)",
-    "cap": "> 1",
-    "lr": "> 0",
-    "critic_lr": "> 0, or null (10 x lr)",
-    "weight_decay": ">= 0",
-    "betas": "two numbers in [0, 1)",
-    "eps": "> 0",
-    "warmup_steps": ">= 0",
-    "total_steps": ">= 1",
-    "min_lr_ratio": "in [0, 1]",
-    "rank": ">= 0 (0 = off: full fine-tuning)",
-    "alpha": "> 0",
-    "dropout": "in [0, 1)",
-    "target_modules": "all-linear or a non-empty list of module names",
-}
 _REASONS = {"temperature": f"it is {TEMPERATURE_KEY} (linked), and {TEMPERATURE_REASON}"}
-
-
-def _check(section: str, config: object, checks: dict[str, bool]) -> None:
-    """Raise for the first failed check, naming the key, the rule and the value (``section.key must be ...``)."""
-    for key, ok in checks.items():
-        if not ok:
-            value = getattr(config, key)
-            rule = _RULES.get(key) or one_of(config, key)
-            reason = f": {_REASONS[key]}" if key in _REASONS else ""
-            raise TrainingConfigError(f"{section}.{key} must be {rule}, got {value!r}{reason}")
 
 
 def check_sampling_temperature(value: float) -> None:
@@ -104,13 +61,13 @@ class CorrectionConfig:
     cap: float = 2.0
 
     def __post_init__(self) -> None:
-        checks = {
-            "mode": self.mode in choices(self, "mode"),
-            "level": self.level in choices(self, "level"),
-            "span": self.span in choices(self, "span"),
-            "cap": self.cap > 1,
+        rules = {
+            "mode": choice(self, "mode"),
+            "level": choice(self, "level"),
+            "span": choice(self, "span"),
+            "cap": (self.cap > 1, "> 1"),
         }
-        _check("model.algorithm.correction", self, checks)
+        check("model.algorithm.correction", self, rules, TrainingConfigError)
 
     @property
     def applied(self) -> bool:
@@ -184,32 +141,33 @@ class AlgorithmConfig:
     correction: CorrectionConfig = CorrectionConfig()
 
     def __post_init__(self) -> None:
-        checks = {
-            "estimator": self.estimator in choices(self, "estimator"),
-            "loss": self.loss in choices(self, "loss"),
-            "aggregation": self.aggregation in choices(self, "aggregation"),
-            "ppo_epochs": self.ppo_epochs >= 1,
-            "mini_batches": self.mini_batches >= 1,
-            "batch_adjust": self.batch_adjust in choices(self, "batch_adjust"),
-            "micro_batch_size": self.micro_batch_size >= 1,
-            "max_tokens_per_micro": self.max_tokens_per_micro >= 1,
-            "temperature": self.temperature > 0,
-            "kl_coef": self.kl_coef >= 0,
-            "kl_kind": self.kl_kind in choices(self, "kl_kind"),
-            "dual_clip": self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip),
-            "micro_batching": self.micro_batching in choices(self, "micro_batching"),
-            "clip_low": self.clip_low is None or self.clip_low >= 0,
-            "clip_high": self.clip_high is None or self.clip_high >= 0,
-            "gamma": 0 <= self.gamma <= 1,
-            "lam": 0 <= self.lam <= 1,
-            "gigpo_gamma": 0 <= self.gigpo_gamma <= 1,
-            "step_weight": self.step_weight >= 0,
-            "entropy_coef": self.entropy_coef >= 0,
-            "value_coef": self.value_coef >= 0,
-            "value_clip": self.value_clip >= 0,
-            "max_grad_norm": self.max_grad_norm >= 0,
+        dual_clip_ok = self.dual_clip is None or (self.dual_clip > 1 and POLICY_LOSSES[self.loss].has_dual_clip)
+        rules = {
+            "estimator": choice(self, "estimator"),
+            "loss": choice(self, "loss"),
+            "aggregation": choice(self, "aggregation"),
+            "ppo_epochs": (self.ppo_epochs >= 1, ">= 1"),
+            "mini_batches": (self.mini_batches >= 1, ">= 1"),
+            "batch_adjust": choice(self, "batch_adjust"),
+            "micro_batch_size": (self.micro_batch_size >= 1, ">= 1"),
+            "max_tokens_per_micro": (self.max_tokens_per_micro >= 1, ">= 1"),
+            "temperature": (self.temperature > 0, "> 0"),
+            "kl_coef": (self.kl_coef >= 0, ">= 0"),
+            "kl_kind": choice(self, "kl_kind"),
+            "dual_clip": (dual_clip_ok, "> 1, or null (off); it is loss: ppo's alone"),
+            "micro_batching": choice(self, "micro_batching"),
+            "clip_low": (self.clip_low is None or self.clip_low >= 0, ">= 0, or null (the loss's default)"),
+            "clip_high": (self.clip_high is None or self.clip_high >= 0, ">= 0, or null (the loss's default)"),
+            "gamma": (0 <= self.gamma <= 1, "in [0, 1]"),
+            "lam": (0 <= self.lam <= 1, "in [0, 1]"),
+            "gigpo_gamma": (0 <= self.gigpo_gamma <= 1, "in [0, 1]"),
+            "step_weight": (self.step_weight >= 0, ">= 0"),
+            "entropy_coef": (self.entropy_coef >= 0, ">= 0"),
+            "value_coef": (self.value_coef >= 0, ">= 0"),
+            "value_clip": (self.value_clip >= 0, ">= 0"),
+            "max_grad_norm": (self.max_grad_norm >= 0, ">= 0 (0 = no clipping)"),
         }
-        _check("model.algorithm", self, checks)
+        check("model.algorithm", self, rules, TrainingConfigError, _REASONS)
         if self.correction.applied and not self.recompute_old_logprobs:
             raise TrainingConfigError(
                 f"model.algorithm.correction.mode={self.correction.mode} needs model.algorithm.recompute_old_logprobs:"
@@ -288,18 +246,18 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        checks = {
-            "lr": self.lr > 0,
-            "critic_lr": self.critic_lr is None or self.critic_lr > 0,
-            "weight_decay": self.weight_decay >= 0,
-            "betas": len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas),
-            "eps": self.eps > 0,
-            "warmup_steps": self.warmup_steps >= 0,
-            "schedule": self.schedule in choices(self, "schedule"),
-            "total_steps": self.total_steps >= 1,
-            "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
+        rules = {
+            "lr": (self.lr > 0, "> 0"),
+            "critic_lr": (self.critic_lr is None or self.critic_lr > 0, "> 0, or null (10 x lr)"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            "betas": (len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas), "two numbers in [0, 1)"),
+            "eps": (self.eps > 0, "> 0"),
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "schedule": choice(self, "schedule"),
+            "total_steps": (self.total_steps >= 1, ">= 1"),
+            "min_lr_ratio": (0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
         }
-        _check("model.optim", self, checks)
+        check("model.optim", self, rules, TrainingConfigError)
 
     def factor(self, step: int) -> float:
         """LR multiplier after ``step`` rollout steps."""
@@ -343,14 +301,17 @@ class LoraConfig:
         if isinstance(self.target_modules, list):  # a YAML list; a tuple keeps the frozen config hashable
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
         names = (self.target_modules,) if isinstance(self.target_modules, str) else self.target_modules
-        checks = {
-            "rank": self.rank >= 0,
-            "alpha": self.alpha > 0,
-            "dropout": 0 <= self.dropout < 1,
-            "target_modules": len(names) > 0 and all(isinstance(n, str) and n for n in names),
-            "sync": self.sync in choices(self, "sync"),
+        rules = {
+            "rank": (self.rank >= 0, ">= 0 (0 = off: full fine-tuning)"),
+            "alpha": (self.alpha > 0, "> 0"),
+            "dropout": (0 <= self.dropout < 1, "in [0, 1)"),
+            "target_modules": (
+                len(names) > 0 and all(isinstance(n, str) and n for n in names),
+                "all-linear or a non-empty list of module names",
+            ),
+            "sync": choice(self, "sync"),
         }
-        _check("model.lora", self, checks)
+        check("model.lora", self, rules, TrainingConfigError)
 
     @property
     def enabled(self) -> bool:

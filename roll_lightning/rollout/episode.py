@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
 from roll_lightning.env_client.tools import ClientToolCall, ClientToolResult, tools_of
-from roll_lightning.rollout.chat import PromptConfig, TokenHistory
+from roll_lightning.rollout.chat import PromptConfig, TokenHistory, fresh_prompt, reply_body
 from roll_lightning.rollout.engines.base import Generates, Generation, SamplingParams
 from roll_lightning.rollout.layout import Layout, layout_named
-from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, PromptImage, images_of
+from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, Prompt, PromptImage, images_of
 
 LayoutName = Literal["trajectory", "step"]
 EndReason = Literal["terminated", "truncated", "max_turns", "context"]
@@ -238,6 +238,28 @@ class EpisodeBuilder:
             messages += tool_messages(t)
         messages.append({"role": "user", "content": self.user_message(turn, self.observation)})
         return messages
+
+    def grown_prompt(self, turn: int) -> tuple[list[int], Prompt]:
+        """The conversation grown by this turn's messages: ``(the ids added, the whole conversation)``; the ids
+        of earlier turns are kept, never re-rendered."""
+        prefix = self.settings.prompt.reply_prefix
+        added = self.history.add_messages(self.turn_messages(turn), prefix, self.observation_images)
+        return added, Prompt(self.history.ids, self.history.images)
+
+    def window_prompt(self, turn: int) -> Prompt:
+        """A fresh prompt: the system message, a window of ``history_turns`` past turns, the observation."""
+        return fresh_prompt(
+            self.tokenizer, self.window_messages(turn), self.settings.prompt.reply_prefix,
+            self.window_images(turn), self.vision, self.tools or None,
+        )  # fmt: skip
+
+    def kept_reply(self, token_ids: list[int]) -> str:
+        """The reply text, added to the growing conversation's ids as they were generated."""
+        return self.history.add_reply(token_ids, self.stop_ids, self.settings.prompt.reply_prefix)
+
+    def fresh_reply(self, token_ids: list[int]) -> str:
+        """The reply text (prefix, then the reply without its stop token), for prompts rendered afresh."""
+        return self.settings.prompt.reply_prefix + reply_body(self.tokenizer, token_ids, self.stop_ids)
 
     def turn_messages(self, turn: int) -> list[dict[str, str]]:
         """What a growing conversation adds before turn ``turn``'s reply: the last calls' results, then the

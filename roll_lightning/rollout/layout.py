@@ -14,8 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from roll_lightning.rollout.chat import fresh_prompt, reply_body
-from roll_lightning.rollout.vision import Prompt, PromptImage
+from roll_lightning.rollout.vision import PromptImage
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.episode import Episode, EpisodeBuilder
@@ -72,13 +71,10 @@ class Trajectory(Layout):
     one_row_per_turn: ClassVar[bool] = False
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
-        prefix = builder.settings.prompt.reply_prefix
-        history = builder.history
-        added = history.add_messages(builder.turn_messages(turn), prefix, builder.observation_images)
-        return added, Prompt(history.ids, history.images)
+        return builder.grown_prompt(turn)
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
-        return builder.history.add_reply(token_ids, builder.stop_ids, builder.settings.prompt.reply_prefix)
+        return builder.kept_reply(token_ids)
 
     def rows(self, episode: Episode) -> list[Row]:
         if not episode.turns:
@@ -109,14 +105,11 @@ class Step(Layout):
     one_row_per_turn: ClassVar[bool] = True
 
     def next_prompt(self, builder: EpisodeBuilder, turn: int) -> tuple[list[int], list[int]]:
-        prompt = fresh_prompt(
-            builder.tokenizer, builder.window_messages(turn), builder.settings.prompt.reply_prefix,
-            builder.window_images(turn), builder.vision, builder.tools or None,
-        )  # fmt: skip
+        prompt = builder.window_prompt(turn)
         return prompt, prompt
 
     def reply_text(self, builder: EpisodeBuilder, token_ids: list[int]) -> str:
-        return builder.settings.prompt.reply_prefix + reply_body(builder.tokenizer, token_ids, builder.stop_ids)
+        return builder.fresh_reply(token_ids)
 
     def rows(self, episode: Episode) -> list[Row]:
         rows = []

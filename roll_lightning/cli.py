@@ -16,7 +16,9 @@ last`` carries on from it. Bad input prints one line, ``roll_lightning: error: .
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 from typing import Any
 
 from jsonargparse import set_parsing_settings
@@ -43,6 +45,9 @@ class RollLightningCLI(LightningCLI):
 
         # vLLM is built to serve the policy's adapters (model.lora.sync: adapters)
         parser.link_arguments(("model.lora.rank", "model.lora.sync"), "data.engine.max_lora_rank", engine_lora_rank)
+        # one seed: the model's (LoRA init, mini-batch order), the boards' and the engine's sampling all follow it
+        for key in ("model.seed", "data.rollout.seed", "data.engine.seed"):
+            parser.link_arguments("seed_everything", key, run_seed)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -100,6 +105,15 @@ DESCRIPTION = (
     "--config configs/sokoban.yaml` (learns Sokoban on a CPU in 30 minutes). Each configs/*.yaml says what it "
     "runs; `fit --help` lists every key, `--print_config` shows a run's full configuration."
 )
+
+
+@functools.cache
+def run_seed(seed_everything: bool | int | None) -> int:
+    """The seed of a run's parts, from ``seed_everything``: its number; ``true`` (Lightning draws a random seed)
+    draws one here too, once; ``false`` gives 0."""
+    if seed_everything is True:
+        return random.SystemRandom().randrange(2**31)
+    return int(seed_everything or 0)
 
 
 def main(args: list[str] | None = None) -> None:

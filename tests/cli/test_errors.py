@@ -43,11 +43,12 @@ def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
         (["--config", TINY, "--model.optim.rate", "1"], r"unrecognized arguments: --model\.optim\.rate 1"),
         (["--config", TINY, "--model.model", "/nowhere/model"], r"model\.model: '/nowhere/model' is not a local"),
         (["--config", TINY, "--trainer.max_time", "00:00:1:00"], r"'00:00:1:00'.* Expected a string in the format DD"),
+        (["--config", TINY, "--data.rollout.seed", "3"], r'"data.rollout.seed" must be given via "seed_everything"'),
     ],
     ids=[
         "malformed-yaml", "missing-config-file", "negative-lr", "negative-rollout-steps", "zero-rollout-steps",
         "temperature-zero", "gamma-above-one", "engine-batch-zero", "no-eval-episodes", "unknown-key", "no-model",
-        "max-time-format",
+        "max-time-format", "part-seed",
     ],
 )  # fmt: skip
 def test_an_input_error_is_one_line_naming_what_is_wrong(args: list[str], message: str, tmp_path: Path) -> None:

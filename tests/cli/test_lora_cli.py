@@ -5,22 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.cli import TINY
-
-
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> object:
-    from roll_lightning.cli import RollLightningCLI
-    from roll_lightning.rollout.datamodule import RolloutDataModule
-    from roll_lightning.training.module import AgentRLModule
-
-    monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
-    return RollLightningCLI(
-        AgentRLModule,
-        RolloutDataModule,
-        args=["--config", TINY, "--trainer.logger", "false", *args],
-        run=False,
-        parser_kwargs={"parser_mode": "omegaconf+"},
-    )
+from support.cli import build_cli as cli
 
 
 def test_the_lora_rank_reaches_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@
   signal its whole process group, as a terminal's Ctrl-C does.
 - `fit_tiny`: ``fit`` on ``configs/tiny.yaml`` plus a test's config, logging CSV under ``tmp/run``;
   `logged_metrics`: every metric that run logged, its last value.
+- `build_cli`: the CLI's objects in this process, not run (what the parser and its links made);
 - `wait_for_file`: wait (a hang guard, not a timing) until a run wrote a file or exited.
 - `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
 - `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks);
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TESTS = ROOT / "tests"
@@ -159,3 +161,19 @@ def check_stopped_mid_rollout_then_resume(run: Path, args: list[str], steps: int
     assert sorted(groups) == list(range(1, steps + 1))
     played = [g for step in sorted(groups) for g in groups[step]]
     assert len(played) == len(set(played)) == steps * 2  # every group once: none repeated, none skipped
+
+
+def build_cli(tmp_path: Path, monkeypatch: Any, *args: str) -> Any:
+    """`RollLightningCLI` on ``configs/tiny.yaml`` plus ``args``, built but not run: its model, data and trainer."""
+    from roll_lightning.cli import RollLightningCLI
+    from roll_lightning.rollout.datamodule import RolloutDataModule
+    from roll_lightning.training.module import AgentRLModule
+
+    monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    return RollLightningCLI(
+        AgentRLModule,
+        RolloutDataModule,
+        args=["--config", TINY, "--trainer.logger", "false", *args],
+        run=False,
+        parser_kwargs={"parser_mode": "omegaconf+"},
+    )

@@ -1,0 +1,19 @@
+"""Settings that one key decides: ``seed_everything`` seeds every part of a run (setting a part's own seed is
+refused: `test_errors.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.cli import build_cli
+
+
+def test_seed_everything_seeds_the_model_the_boards_and_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = build_cli(tmp_path, monkeypatch, "--seed_everything", "5")
+    data = built.datamodule
+    assert (built.model.seed, data.rollout.seed, data.engine_config.seed) == (5, 5, 5)
+    default = build_cli(tmp_path, monkeypatch)
+    assert (default.model.seed, default.datamodule.rollout.seed, default.datamodule.engine_config.seed) == (0, 0, 0)

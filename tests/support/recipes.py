@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,11 +112,27 @@ class Recipe:
                 )  # fmt: skip
                 if k in part[0]
             }
+            peaks = {
+                k: max(float(r[k] or 0) for r in part) for k in ("train/grad_norm", "train/ratio_max") if k in part[0]
+            }
             lines.append(
-                f"steps {part[0]['step']}-{part[-1]['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in means.items())
+                f"steps {part[0]['step']}-{part[-1]['step']}: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in means.items())
+                + "; max "
+                + ", ".join(f"{k} {v:.3f}" for k, v in peaks.items())
             )
+        lines += self._replies()
         stderr = Path(self.stderr.name).read_text().splitlines()
         return "\n".join([*lines, "stderr:", *stderr[-15:]])
+
+    def _replies(self) -> list[str]:
+        """What the policy wrote at each `TrajectoryDump` (most common first): a collapse shows which reply took
+        over, and when."""
+        lines = []
+        for dump in sorted((self.folder / "run").rglob("trajectories/step_*.jsonl")):
+            replies = Counter(t["reply"] for line in dump.open() for t in json.loads(line)["turns"])
+            lines.append(f"replies at {dump.stem}: " + ", ".join(f"{r!r} x{n}" for r, n in replies.most_common(6)))
+        return lines
 
     def stop(self) -> None:
         if self.process.poll() is None:

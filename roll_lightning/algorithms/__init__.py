@@ -1,12 +1,6 @@
 """RL math for multi-turn agents: advantages (GRPO, GiGPO, GAE) and losses (PPO, GSPO, value, KL, entropy).
 
-Pure tensor functions, no I/O; each docstring states its equation and the verl-agent / ROLL convention it
-follows, and where the two differ. Ids from `RolloutBatch` are lists of strings: map them with `ids_to_index`
-and `anchor_ids` first.
-
-One algorithm, one file: `grpo.py`, `gigpo.py`, `ppo_gae.py` (each an `estimator.Estimator` that declares what
-it needs), and the policy terms in `policy_loss.py` (`PPO`, `GSPO`). `ESTIMATORS`, `POLICY_LOSSES`,
-`AGGREGATIONS` and `KL_ESTIMATORS` map the config's names to them.
+Pure tensor functions, one algorithm per file (docs/algorithms.md).
 """
 
 from roll_lightning.algorithms.aggregation import (

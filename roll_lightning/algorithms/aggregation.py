@@ -1,8 +1,4 @@
-"""Reducing a token-level loss matrix ``[B, L]`` to a scalar (verl's ``loss_agg_mode``, algorithms.md §4).
-
-Each mode is a small object (`TokenMean`, `SeqMeanTokenSum`, `SeqMeanTokenMean`, `SeqMeanTokenSumNorm`), chosen
-once from its name (`aggregation_named`); `aggregate` is the same reduction for callers that hold a name.
-"""
+"""Token losses ``[B, L]`` to a scalar (verl's ``loss_agg_mode``, docs/algorithms.md §4)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """``sum(x m) / max(sum(m), 1)``; positions off the mask never enter (not even as NaN/inf)."""
+    """``sum(x m) / max(sum(m), 1)``; NaN/inf off the mask never enter."""
     m = mask.bool()
     total = torch.where(m, x, 0).sum() if dim is None else torch.where(m, x, 0).sum(dim)
     count = m.sum() if dim is None else m.sum(dim)
@@ -30,25 +26,20 @@ def _masked(loss_mat: Tensor, mask: Tensor) -> Tensor:
 
 
 def _sequences(mask: Tensor) -> float:
-    """Rows with at least one mask token (at least 1)."""
     return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))
 
 
 class Aggregation(ABC):
-    """``aggregate(l, m) = numerator(l, m) / denominator(m)``: the numerator is a sum over rows, the denominator
-    depends only on the mask, so a batch split into row groups (micro-batches) gets the same value (and gradient)
-    from ``sum_k numerator(l_k, m_k) / denominator(m)`` (see `algorithms.objective`)."""
+    """``numerator(l, m) / denominator(m)``; the numerator sums over rows, so micro-batches add up exactly."""
 
     name: ClassVar[AggMode]
 
     def numerator(self, loss_mat: Tensor, mask: Tensor) -> Tensor:
-        """The row-additive part: ``sum_bt l m`` unless the mode says otherwise."""
         return _masked(loss_mat, mask).sum()
 
     @abstractmethod
     def denominator(self, mask: Tensor, norm_len: int) -> float:
-        """What the numerator is divided by, from the mask alone (``norm_len``: the constant of the ``-norm``
-        mode, the padded width when the caller has none)."""
+        """From the mask alone."""
 
     def __call__(self, loss_mat: Tensor, mask: Tensor, norm_len: int | None = None) -> Tensor:
         width = norm_len if norm_len is not None else loss_mat.shape[-1]
@@ -57,7 +48,7 @@ class Aggregation(ABC):
 
 @dataclass(frozen=True)
 class TokenMean(Aggregation):
-    """``sum_bt l m / sum_bt m``: every token weighs the same (verl's default)."""
+    """``sum_bt l m / sum_bt m`` (verl's default)."""
 
     name: ClassVar[AggMode] = "token-mean"
 
@@ -77,7 +68,7 @@ class SeqMeanTokenSum(Aggregation):
 
 @dataclass(frozen=True)
 class SeqMeanTokenMean(Aggregation):
-    """``mean_b (sum_t l m / sum_t m)``: every row weighs the same (ROLL's default)."""
+    """``mean_b (sum_t l m / sum_t m)`` (ROLL's default)."""
 
     name: ClassVar[AggMode] = "seq-mean-token-mean"
 
@@ -90,8 +81,7 @@ class SeqMeanTokenMean(Aggregation):
 
 @dataclass(frozen=True)
 class SeqMeanTokenSumNorm(Aggregation):
-    """``sum_bt l m / norm_len`` (Dr.GRPO). As in verl it is *not* divided by B, and without ``norm_len`` it is
-    the padded width of the whole row (prompt included); Dr.GRPO wants a constant, e.g. the generation budget."""
+    """``sum_bt l m / norm_len`` (Dr.GRPO; as verl, not divided by B)."""
 
     name: ClassVar[AggMode] = "seq-mean-token-sum-norm"
 
@@ -106,7 +96,6 @@ TOKEN_MEAN = AGGREGATIONS["token-mean"]
 
 
 def aggregation_named(mode: str) -> Aggregation:
-    """The aggregation called ``mode`` (one of `AGG_MODES`)."""
     try:
         return AGGREGATIONS[mode]
     except KeyError:
@@ -114,14 +103,5 @@ def aggregation_named(mode: str) -> Aggregation:
 
 
 def aggregate(loss_mat: Tensor, mask: Tensor, mode: AggMode = "token-mean", *, norm_len: int | None = None) -> Tensor:
-    """Aggregate ``l[b, t]`` over the masked tokens (``m`` = mask, rows ``b`` with ``sum_t m > 0`` are "sequences"):
-
-    - ``token-mean``:              ``sum_bt l m / sum_bt m``  (every token weighs the same; verl default)
-    - ``seq-mean-token-sum``:      ``mean_b sum_t l m``
-    - ``seq-mean-token-mean``:     ``mean_b (sum_t l m / sum_t m)``  (every row weighs the same; ROLL default)
-    - ``seq-mean-token-sum-norm``: ``sum_bt l m / norm_len``  (Dr.GRPO; ``norm_len`` defaults to ``L``)
-
-    Rows with no mask token are left out of the ``seq-mean`` denominators (as current verl does), so padding
-    rows do not dilute the loss. Everything is 0 when the mask is empty.
-    """
+    """``l`` reduced by the named mode; rows with no mask token leave the denominators (as verl)."""
     return aggregation_named(mode)(loss_mat, mask, norm_len)

@@ -1,27 +1,14 @@
-"""Off-policy correction: importance weights for the gap between the policy that sampled and the "old" policy.
+"""Off-policy correction: importance weights for the sampler/trainer gap (docs/algorithms.md §8).
 
-The engine samples a reply with behaviour log-probs ``mu_t`` (vLLM, bf16, or weights ``max_staleness`` versions
-old); PPO's ratio is taken against the trainer's recomputed old log-probs ``pi_old_t``. The policy-gradient
-terms are then reweighted by how much more likely the old policy was to write the token than the sampler:
-
-    log rho_t = pi_old_t - mu_t                                      token ratio, log space
-    level token:     log w_t = log rho_t
-    level sequence:  log w_t = sum_{s in j(t)} log rho_s             product over the token's sequence j
-    level geometric: log w_t = (1/|j|) sum_{s in j(t)} log rho_s     geometric mean over the sequence
+    log rho_t = old_logp_t - mu_t                  mu: the sampler's log-probs
+    token:      log w_t = log rho_t
+    sequence:   log w_t = sum_{s in j(t)} log rho_s
+    geometric:  log w_t = mean_{s in j(t)} log rho_s
     w_t = exp(clamp(log w_t, -20, 20))
+    truncate (TIS, Yao et al. 2025):  w_t <- min(w_t, C)
+    mask (MIS, Liu et al. 2025):      tokens with w_t outside [1/C, C] leave the policy term
 
-    truncate (TIS): w_t <- min(w_t, C)                               (Yao et al. 2025, "Your efficient RL framework
-                    secretly brings you off-policy RL training"; verl/SkyRL ``tis_imp_ratio_cap``, TRL's
-                    ``vllm_importance_sampling_cap``)
-    mask (MIS):     tokens with w_t outside [1/C, C] leave the policy term (its numerator *and* its denominator,
-                    so dropping a token equals never having had it), the rest keep w_t  (Liu et al. 2025,
-                    "When speed kills stability"; ROLL's ``train_infer_correction`` filters, SkyRL's
-                    ``geometric``/``sequence`` masks)
-
-A sequence ``j`` is one reply (``sequence: turn``: the tokens of one turn, as `grouping.segment_ids` splits a row)
-or a row's every reply (``sequence: trajectory``). The weight multiplies the policy token losses ``l_t`` (PPO's
-clipped surrogate, GSPO's) and is a constant (no gradient); KL, entropy and critic terms are not reweighted.
-Everything is computed once per batch, before the update, from tensors that do not change during it.
+``j(t)``: the token's turn or row (``span``). The weights are constants on the policy token losses only.
 """
 
 from __future__ import annotations
@@ -43,8 +30,7 @@ MAX_LOG_WEIGHT = 20.0
 
 @dataclass(frozen=True)
 class Correction:
-    """Importance weights for one batch: ``weights`` ``[B, L]`` (1 off the mask) and ``mask``, the policy term's
-    tokens (the response mask, minus what MIS dropped)."""
+    """``weights`` ``[B, L]`` (1 off the mask) and ``mask``: the reply tokens MIS kept."""
 
     weights: Tensor
     mask: Tensor
@@ -61,8 +47,7 @@ def importance_weights(
     span: Span = "turn",
     cap: float = 2.0,
 ) -> Correction:
-    """The weights of the module docstring. Metrics: ``is_weight_mean`` and ``is_weight_max`` (before truncation
-    or masking, over reply tokens), ``is_truncated_frac`` and ``is_masked_frac`` (shares of reply tokens)."""
+    """The module's weights; metrics are before truncation or masking."""
     if cap <= 1.0:
         raise ValueError(f"cap must be > 1, got {cap}")
     mask = response_mask.bool()

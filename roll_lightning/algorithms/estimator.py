@@ -1,15 +1,4 @@
-"""What an advantage estimator is: a small object, chosen once from ``model.algorithm.estimator``, that says
-what it needs and turns a batch's rows into advantages.
-
-The three estimators live one per file with their equation on line 1: `grpo.GRPO`, `gigpo.GiGPO`,
-`ppo_gae.PPOGAE`. Each declares what the rest of the trainer must give it:
-
-- ``needs_groups``: it compares the members of a group, so ``data.rollout.group_size`` must be >= 2;
-- ``needs_step_rows``: it groups single turns, so ``data.rollout.episode.layout`` must be ``step``;
-- ``uses_critic``: the module builds a critic and passes its values (and trains it on the returns).
-
-`training.estimate` maps a `RolloutBatch` onto `AdvantageInputs` and checks those needs in one place.
-"""
+"""The advantage estimator interface, chosen once from ``model.algorithm.estimator``."""
 
 from __future__ import annotations
 
@@ -22,13 +11,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class AdvantageInputs:
-    """A batch's rows as the estimators take them (integer ids: only equality matters, see `grouping`).
-
-    ``[B]``: episode_scores (the episode's return), step_scores (the row's own turn reward), group_ids,
-    traj_ids, step_index. ``[B, L]``: token_scores (each turn's reward on its last reply token),
-    response_mask. ``anchors`` (``[B]`` anchor-state ids) is set for an estimator that ``needs_step_rows``;
-    ``values`` (``[B, L]``, the critic's) for one that ``uses_critic``.
-    """
+    """A batch's rows: ``[B]`` scores and ids; ``[B, L]`` token scores, mask and the critic's ``values``."""
 
     episode_scores: Tensor
     step_scores: Tensor
@@ -42,8 +25,7 @@ class AdvantageInputs:
 
 
 class Estimator(ABC):
-    """An advantage estimator: its needs (class attributes) and ``__call__``, which returns
-    ``(advantages, returns)``: per row ``[B]`` or per token ``[B, L]``, and the value targets (critic only)."""
+    """``__call__`` gives ``(advantages, value targets or None)``."""
 
     name: ClassVar[str]
     needs_groups: ClassVar[bool] = False

@@ -1,7 +1,6 @@
 """GiGPO: A = A_E + w A_S, GRPO over episodes plus GRPO over steps from one anchor state (docs/algorithms.md §3).
 
-Feng et al. 2025, arXiv 2505.10978, Eqs. 3-8. The step level compares single turns, so GiGPO
-``needs_step_rows`` (``data.rollout.episode.layout: step``) as well as groups.
+Feng et al. 2025, arXiv 2505.10978, Eqs. 3-8.
 """
 
 from __future__ import annotations
@@ -19,12 +18,7 @@ from roll_lightning.algorithms.grpo import grpo_advantages
 
 @torch.no_grad()
 def discounted_step_returns(step_rewards: Tensor, traj_ids: Tensor, step_index: Tensor, gamma: float) -> Tensor:
-    """``R_t = sum_{k>=t} gamma^(k-t) r_k`` within each trajectory (GiGPO Eq. 5), rows in any order, ``[B]``.
-
-    ``step_index`` only orders a trajectory's rows; the exponent counts rows, so a trajectory is its rows (as in
-    verl-agent, where only active steps exist). A repeated (traj, step) pair is an error, not a silent
-    double count.
-    """
+    """``R_t = sum_{k>=t} gamma^(k-t) r_k`` within each trajectory (Eq. 5); ``k`` counts rows, as in verl-agent."""
     traj = traj_ids.tolist()
     step = step_index.tolist()
     rewards = step_rewards.detach().to(torch.float64).tolist()
@@ -57,24 +51,13 @@ def gigpo_advantages(
     eps: float = 1e-6,
     episode_cross_steps: bool = False,
 ) -> Tensor:
-    """GiGPO (arXiv 2505.10978, Eqs. 3-8) for step rows (one row per turn), ``[B]``:
+    """GiGPO (Feng et al. 2025, Eqs. 3-8) for step rows, ``[B]``:
 
-        A_E(i) = (R(tau_i) - mean_g R(tau)) / F          episode level, one value per trajectory of group g
-        R_t    = sum_{k>=t} gamma^(k-t) r_k                discounted step return within the trajectory
-        A_S(i) = (R_t(i) - mean_{g,s} R_t) / F          step level, rows of group g with anchor state s
+        A_E(i) = (R(tau_i) - mean_g R(tau)) / F       trajectories of group g
+        A_S(i) = (R_t(i) - mean_{g,s} R_t) / F        rows of group g at anchor state s
         A      = A_E + step_weight * A_S
 
-    ``F`` = ``std + eps`` (``norm_by_std``, verl-agent ``mean_std_norm`` / ROLL ``mean_std``) or 1 (``mean_norm``
-    / ``mean``; the verl-agent default): the *same* mode at both levels. ``anchors`` are integer anchor-state
-    ids (`anchor_ids`); every row with the same (group, anchor) is in one step group, including revisits of a
-    state within one trajectory. Degenerate groups (singleton, or std mode with ``std <= eps``) give 0 at
-    either level. Invalid-action penalties must already be in ``step_rewards``/``episode_scores``.
-
-    Differences from the references (algorithms.md §3, §6):
-    - episode stats: one value per trajectory (``episode_cross_steps=True``: one per row, verl-agent default);
-    - episode singleton: 0 here and in ROLL, ``R(tau_i) / (1 + eps)`` in verl-agent;
-    - step groups are scoped by (group, anchor) as in verl-agent; ROLL pools equal states across groups;
-    - weights: verl-agent ``A_E + w A_S`` (used here); ROLL ``w_E A_E + w_S A_S`` (scale ``A`` for ``w_E``).
+    ``F`` is ``std + eps`` or 1; degenerate groups give 0. ``episode_cross_steps``: A_E per row (verl-agent).
     """
     a_episode = grpo_advantages(
         episode_scores,
@@ -91,8 +74,7 @@ def gigpo_advantages(
 
 @dataclass(frozen=True)
 class GiGPO(Estimator):
-    """``model.algorithm.estimator: gigpo``: `gigpo_advantages` with ``gigpo_gamma``, ``step_weight`` and
-    ``norm_by_std`` from the config."""
+    """``model.algorithm.estimator: gigpo``."""
 
     name: ClassVar[str] = "gigpo"
     needs_groups: ClassVar[bool] = True

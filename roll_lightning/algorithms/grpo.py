@@ -1,7 +1,6 @@
 """GRPO: A_i = (S_i - mean_g S) / (std_g S + eps), one advantage per episode within its group (docs/algorithms.md §2).
 
-Shao et al. 2024 (DeepSeekMath); with ``norm_by_std: false`` it is Dr.GRPO (Liu et al. 2025), ``S_i - mean_g S``.
-A group is the episodes played from one seed of one env, so GRPO ``needs_groups`` (group_size >= 2).
+Shao et al. 2024 (DeepSeekMath); ``norm_by_std: false`` is Dr.GRPO (Liu et al. 2025), ``S_i - mean_g S``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from roll_lightning.algorithms.grouping import dense_index, group_normalize
 
 
 def _first_row_per_traj(group_ids: Tensor, traj_ids: Tensor) -> Tensor:
-    """Bool ``[B]``: True on the first row of each (group, trajectory)."""
     key, n = dense_index(group_ids, traj_ids)
     rows = torch.arange(key.numel(), device=key.device)
     first = torch.full((n,), key.numel(), dtype=torch.long, device=key.device).scatter_reduce(0, key, rows, "amin")
@@ -35,21 +33,7 @@ def grpo_advantages(
     eps: float = 1e-6,
     traj_ids: Tensor | None = None,
 ) -> Tensor:
-    """GRPO outcome advantage per row, ``[B]``:
-
-        A_i = (S_i - mean_g S) / (std_g S + eps)      (norm_by_std, GRPO)
-        A_i =  S_i - mean_g S                         (Dr.GRPO)
-
-    scores: ``[B]`` (e.g. ``batch.episode_scores``); group_ids: ``[B]`` int (same initial state = same group).
-    Conventions:
-    - Statistics are over *trajectories*: with ``traj_ids`` (step rows, several rows per episode) each
-      (group, trajectory) contributes one value, its first row's score. verl-agent's default
-      (``compute_mean_std_cross_steps=True``) instead counts a T-step trajectory T times; omit ``traj_ids``
-      to get that (or for trajectory rows, where a row is a trajectory).
-    - ``std`` is the unbiased (N-1) sample std (``torch.std``); ``eps`` is added to the std, not the variance.
-    - Singleton groups (one trajectory) and, with std, groups with ``std <= eps`` give 0 (ROLL's rule;
-      verl-agent gives a singleton ``S_i / (1 + eps)``, i.e. no baseline at all).
-    """
+    """Per row, ``[B]``; with ``traj_ids`` each trajectory enters the statistics once, else every row does."""
     group, n = dense_index(group_ids)
     stats_rows = None if traj_ids is None else _first_row_per_traj(group_ids, traj_ids)
     return group_normalize(scores, group, n, norm_by_std=norm_by_std, eps=eps, stats_rows=stats_rows)
@@ -57,7 +41,7 @@ def grpo_advantages(
 
 @dataclass(frozen=True)
 class GRPO(Estimator):
-    """``model.algorithm.estimator: grpo``: `grpo_advantages` of the episode scores, each trajectory counted once."""
+    """``model.algorithm.estimator: grpo``."""
 
     name: ClassVar[str] = "grpo"
     needs_groups: ClassVar[bool] = True

@@ -1,8 +1,6 @@
-"""Policy/value losses, KL estimators and entropy on token-aligned ``[B, L]`` tensors.
+"""Policy/value losses, KL estimators and entropy on token-aligned ``[B, L]`` tensors (docs/algorithms.md §4-5).
 
-Every loss returns ``(scalar, metrics)``; metrics are detached scalars under short keys (``pg_clipfrac``,
-``ppo_kl``, ...) that the training module logs under ``train/``. Positions off ``response_mask`` never reach
-the loss or its gradient, even when they hold NaN/inf (they are replaced before any arithmetic).
+Positions off ``response_mask`` never reach a loss or its gradient, even as NaN/inf.
 """
 
 from __future__ import annotations
@@ -17,11 +15,10 @@ from roll_lightning.algorithms.aggregation import AggMode, aggregate, masked_mea
 from roll_lightning.algorithms.grouping import dense_index
 
 KLKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]
-MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps the ratio finite (verl clamps the log-ratio the same way)
+MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps the ratio finite, as verl
 
 
 def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
-    """``[B]`` -> ``[B, 1]`` (one advantage for the whole row); ``[B, L]`` passes through."""
     return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
 
 
@@ -43,8 +40,7 @@ def ppo_policy_loss(
     agg: AggMode = "token-mean",
     norm_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The PPO loss of a whole batch, ``aggregate(l, m, agg)`` over `ppo_token_losses` (the trainer sums the same
-    token losses over micro-batches instead: `objective.Objective`); metrics add ``pg_loss``."""
+    """`ppo_token_losses` aggregated over a whole batch."""
     losses, metrics = ppo_token_losses(
         logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
     )
@@ -62,17 +58,13 @@ def ppo_token_losses(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate (Schulman et al. 2017) with Clip-Higher and optional dual clip (Ye et al. 2019), per
-    token (``[B, L]``, 0 off the mask):
+    """PPO clipped surrogate (Schulman et al. 2017), Clip-Higher (DAPO), dual clip (Ye et al. 2019), ``[B, L]``:
 
-        r_t = exp(logp_t - old_logp_t)
-        l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
-        l_t = min(l_t, -A_t c)        if A_t < 0 and dual_clip = c > 1 (caps the loss at c |A_t|)
+        r_t = exp(clamp(logp_t - old_logp_t, -20, 20))
+        l_t = max(-A_t*r_t, -A_t*clip(r_t, 1-clip_low, 1+clip_high))
+        l_t = min(l_t, -A_t*c)   if A_t < 0 and dual_clip = c > 1
 
-    ``advantages`` is ``[B]`` (broadcast over the row) or ``[B, L]``. The log-ratio is clamped to +-20.
-    Metrics (token-level masked means/extrema): ``pg_clipfrac`` (clipped branch chosen), ``pg_clipfrac_lower``
-    (dual clip active; 0 when off), ``ppo_kl`` = mean(old_logp - logp) (the k1 estimator of KL(old || new), as
-    verl), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    ``ppo_kl`` is k1 of KL(old || new), as verl.
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -112,8 +104,7 @@ def gspo_policy_loss(
     clip_high: float = 4e-4,
     seq_ids: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GSPO loss of a whole batch, ``sum(l_t / |y_j|) / #sequences`` over `gspo_token_losses`; metrics add
-    ``pg_loss``."""
+    """`gspo_token_losses` over a whole batch."""
     losses, sequences, metrics = gspo_token_losses(
         logp, old_logp, advantages, response_mask, clip_low=clip_low, clip_high=clip_high, seq_ids=seq_ids
     )
@@ -131,45 +122,36 @@ def gspo_token_losses(
     clip_high: float = 4e-4,
     seq_ids: Tensor | None = None,
 ) -> tuple[Tensor, int, dict[str, Tensor]]:
-    """GSPO (arXiv 2507.18071), token form (GSPO-token, paper Eq. 10-11):
+    """GSPO-token (Zheng et al. 2025, arXiv 2507.18071, Eqs. 10-11):
 
-        s_j     = exp( (1/|y_j|) sum_{t in j} (logp_t - old_logp_t) )        sequence ratio, length-normalised
-        s_{j,t} = sg[s_j] * exp(logp_t - sg[logp_t])                          = s_j in value
-        l_t     = max(-A_t s_{j,t}, -A_t clip(s_{j,t}, 1 - clip_low, 1 + clip_high))
-        loss    = mean_j (1/|y_j|) sum_{t in j} l_t                           mean over tokens, then sequences
+        s_j     = exp(min(mean_{t in j}(logp_t - old_logp_t), 10))
+        s_{j,t} = sg[s_j] * exp(logp_t - sg[logp_t])      (= s_j in value)
+        l_t     = max(-A_t*s_{j,t}, -A_t*clip(s_{j,t}, 1-clip_low, 1+clip_high))
+        loss    = mean_j mean_{t in j} l_t
 
-    With a constant advantage per sequence the value and gradient equal sequence-level GSPO: every token of
-    sequence j gets gradient ``-A s_j / |y_j|`` (scaled by 1/#sequences) when unclipped. A "sequence" j is a row's
-    response tokens (step rows: one turn; trajectory rows: *all* turns of the episode together). ``seq_ids``
-    (``[B, L]`` int) splits rows further: tokens of one row with equal ``seq_ids`` form one sequence, e.g.
-    ``segment_ids(response_mask)`` for one sequence per turn (ROLL's ``ratio_type: segment``). As verl-agent:
-    no dual clip, log-ratio capped at 10 before ``exp``, aggregation fixed as above. Metrics:
-    ``pg_clipfrac`` (token-level), ``ppo_kl`` (token mean of old_logp - logp), ``ratio_mean/max/min`` over
-    sequences.
-
-    Returns ``(l_t / |y_j| as [B, L], the number of sequences, metrics)``: the loss is ``sum / sequences``, and a
-    micro-batch adds its ``sum``.
+    A sequence j is a row's reply tokens, or a ``seq_ids`` run (``segment_ids``: per turn). Returns
+    ``(l_t / |y_j|, #sequences, metrics)``.
     """
     mask = response_mask.bool()
     rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(-1).expand_as(mask)
     keys = (rows[mask],) if seq_ids is None else (rows[mask], seq_ids[mask])
     seq_of_token, num_seqs = dense_index(*keys) if bool(mask.any()) else (rows[mask], 0)
     seq = torch.zeros_like(rows)
-    seq[mask] = seq_of_token  # off the mask: sequence 0, only ever read through a masked `where`
+    seq[mask] = seq_of_token  # 0 off the mask, read only through a masked `where`
 
     lp = torch.where(mask, logp, 0)
     log_ratio = torch.where(mask, logp - old_logp, 0).detach()
-    per_seq_zeros = lp.new_zeros(max(num_seqs, 1))  # >= 1 slot: `seq` indexes slot 0 even with an empty mask
+    per_seq_zeros = lp.new_zeros(max(num_seqs, 1))  # `seq` indexes slot 0 even with an empty mask
     seq_len = per_seq_zeros.index_add(0, seq_of_token, torch.ones_like(log_ratio[mask])).clamp(min=1)
     seq_log_ratio = per_seq_zeros.index_add(0, seq_of_token, log_ratio[mask]) / seq_len
-    # Value: log s_j. Gradient: d logp_t (the stop-gradient trick of GSPO-token).
+    # value log s_j, gradient d logp_t
     log_s = (lp - lp.detach() + seq_log_ratio[seq]).clamp(max=10.0)
     s = torch.exp(log_s)
     adv = torch.where(mask, _broadcast_advantages(advantages, logp), 0)
     unclipped = -adv * s
     clipped = -adv * s.clamp(1.0 - clip_low, 1.0 + clip_high)
     losses = torch.where(mask, torch.maximum(unclipped, clipped), 0)
-    scaled = torch.where(mask, losses / seq_len[seq], 0)  # l_t / |y_j|: summed, the sum of sequence means
+    scaled = torch.where(mask, losses / seq_len[seq], 0)  # summed: the sum of sequence means
     with torch.no_grad():
         seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))
         has_seq = torch.arange(seq_ratio.numel(), device=seq_ratio.device) < num_seqs
@@ -185,7 +167,7 @@ def gspo_token_losses(
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k1: ``logp - ref_logp`` (unbiased, high variance, can be < 0)."""
+    """k1: ``logp - ref_logp`` (unbiased, high variance)."""
     return logp - ref_logp
 
 
@@ -200,8 +182,7 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3: ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, >= 0, low variance), with ``ref - logp`` clamped to
-    [-20, 20] and the result to [-10, 10], as verl."""
+    """k3: ``exp(ref-logp) - (ref-logp) - 1`` (unbiased, >= 0), clamped as verl."""
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
 
@@ -213,16 +194,7 @@ KL_ESTIMATORS: dict[str, KLEstimator] = {
 
 
 def kl_estimator(kind: str) -> KLEstimator:
-    """The per-token estimator of KL(pi || ref) called ``kind``, from tokens sampled by pi (Schulman,
-    "Approximating KL"), chosen once; not masked (the objective aggregates it):
-
-        k1 / kl          logp - ref_logp                                  unbiased, high variance, can be < 0
-        abs              |logp - ref_logp|
-        k2 / mse         0.5 (logp - ref_logp)^2
-        k3 / low_var_kl  exp(ref - logp) - (ref - logp) - 1               unbiased, >= 0, low variance
-
-    k3 clamps ``ref - logp`` to [-20, 20] and the result to [-10, 10], as verl.
-    """
+    """The unmasked per-token KL(pi || ref) estimator called ``kind`` (Schulman, "Approximating KL")."""
     try:
         return KL_ESTIMATORS[kind]
     except KeyError:
@@ -230,18 +202,13 @@ def kl_estimator(kind: str) -> KLEstimator:
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
-    """``kl_estimator(kind)(logp, ref_logp)``, ``[B, L]``."""
     return kl_estimator(kind)(logp, ref_logp)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of ``softmax(z)`` over the last dim: ``H = logsumexp(z) - sum_v softmax(z)_v z_v`` (``[...]``).
-
-    Computed as ``-sum p log p`` from ``log_softmax`` (stable for large logits); ``-inf`` logits (banned
-    tokens) contribute 0 to the value and nothing (not NaN) to the gradient. Pass float32 logits for accuracy.
-    """
+    """``H = -sum_v p_v log p_v``; ``-inf`` logits add 0, not NaN."""
     logp = torch.log_softmax(logits, dim=-1)
-    finite_logp = torch.where(torch.isfinite(logp), logp, 0)  # p = 0 there: 0 * log 0 := 0
+    finite_logp = torch.where(torch.isfinite(logp), logp, 0)  # 0 * log 0 := 0
     return -(logp.exp() * finite_logp).sum(-1)
 
 
@@ -255,8 +222,7 @@ def value_loss(
     agg: AggMode = "token-mean",
     norm_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The value loss of a whole batch, ``aggregate(l, m, agg)`` over `value_token_losses`; metrics add
-    ``vf_loss``."""
+    """`value_token_losses` aggregated over a whole batch."""
     losses, metrics = value_token_losses(values, old_values, returns, response_mask, clip=clip)
     loss = aggregate(losses, response_mask, agg, norm_len=norm_len)
     return loss, {"vf_loss": loss.detach(), **metrics}
@@ -265,14 +231,8 @@ def value_loss(
 def value_token_losses(
     values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor, *, clip: float | None = 0.2
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss (PPO2 baselines), per token (``[B, L]``, 0 off the mask):
-
-        v_clip = old + clip(v - old, -c, c)
-        l_t    = 0.5 max((v - R)^2, (v_clip - R)^2)
-
-    ``clip=None`` drops the clipped branch. The 0.5 is ROLL's (verl has none). Metrics: ``vf_clipfrac`` (clipped
-    branch strictly larger), ``vpred_mean``.
-    """
+    """Clipped value loss (PPO2), ``[B, L]``: ``0.5*max((v-R)^2, (v_clip-R)^2)``, ``v_clip = old+clip(v-old, -c, c)``;
+    the 0.5 is ROLL's."""
     mask = response_mask.bool()
     v = torch.where(mask, values, 0)
     target = torch.where(mask, returns, 0)

@@ -1,21 +1,7 @@
-"""The training objective of one mini-batch, exact however its rows are split into micro-batches.
+"""The loss of one mini-batch, ``L = P + c_kl K - c_H H + c_V V`` (docs/algorithms.md §7).
 
-    L = P + c_kl K - c_H H + c_V V
-
-    P  policy term:  PPO  aggregate(l^PPO, m, agg)              (`losses.ppo_token_losses`)
-                     GSPO mean_j (1/|y_j|) sum_{t in j} l^GSPO_t  (`losses.gspo_token_losses`)
-    K  KL to the reference:  aggregate(kl_t, m, agg)            (`losses.kl_estimator`)
-    H  entropy bonus:        aggregate(H_t, m, agg)             (`losses.entropy_from_logits`)
-    V  critic (ppo-gae):     aggregate(0.5 max((v-R)^2, (v_clip-R)^2), m, token-mean)   (`losses.value_token_losses`)
-
-With an off-policy correction (`algorithms.correction`) the policy token losses are weighted, ``w_t l_t``, and
-tokens a mask dropped leave P's numerator and denominator.
-
-Every term is ``N / D``: a numerator that adds up over rows (`aggregation.Aggregation.numerator`: sums of token losses,
-or of per-row means) and a denominator fixed by the *whole* mini-batch's mask (`Divisors`: its tokens, its
-rows, its sequences, or a constant). A micro-batch adds ``N_k / D`` for each term, so the sum over micro-batches
-is the mini-batch's loss and gradient exactly, whatever the split (1 row or all of them, padded to the batch or
-to the micro-batch's own longest row).
+Each term is ``N / D``: ``N`` sums over rows and ``D`` is fixed by the whole mini-batch's mask, so micro-batches'
+``N_k / D`` add up exactly, however the rows are split.
 """
 
 from __future__ import annotations
@@ -28,24 +14,22 @@ from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import TOKEN_MEAN, Aggregation
 from roll_lightning.algorithms.policy_loss import PPO, PolicyLoss
 
-# Metrics that are parts of the loss: a micro-batch's value is its contribution, so they add up (the others are
-# means or extrema over the micro-batch's tokens, averaged over micro-batches weighted by their tokens).
+# parts of the loss add up over micro-batches; other metrics are token-weighted means
 ADDITIVE = frozenset({"loss", "pg_loss", "kl", "entropy", "value_loss"})
 
 
 @dataclass(frozen=True)
 class Divisors:
-    """Each term's denominator, from the whole mini-batch's response mask (before any micro-batch runs)."""
+    """Each term's denominator, from the whole mini-batch's mask."""
 
-    policy: float  # PPO: aggregate's denominator; GSPO: the number of sequences (rows with a reply token); both
-    # over the policy term's tokens (the reply tokens, minus those an off-policy mask dropped)
-    regularizer: float  # KL and entropy: aggregate's denominator under the run's aggregation
-    value: float  # critic: the number of reply tokens (token-mean)
+    policy: float  # over the policy mask
+    regularizer: float  # KL and entropy
+    value: float  # critic: token-mean
 
 
 @dataclass(frozen=True)
 class MicroInputs:
-    """One micro-batch's rows, token-aligned ``[b, l]`` (``l`` may be the micro-batch's own width)."""
+    """One micro-batch's rows, ``[b, l]`` (``l`` may be its own width)."""
 
     logp: Tensor
     old_logp: Tensor
@@ -56,20 +40,13 @@ class MicroInputs:
     values: Tensor | None = None
     old_values: Tensor | None = None
     returns: Tensor | None = None
-    is_weights: Tensor | None = None  # off-policy importance weights of the policy term (`algorithms.correction`)
-    policy_mask: Tensor | None = None  # the policy term's tokens (None: ``mask``)
+    is_weights: Tensor | None = None  # `algorithms.correction`
+    policy_mask: Tensor | None = None  # None: ``mask``
 
 
 @dataclass(frozen=True)
 class Objective:
-    """The loss's settings, chosen once (from `training.config.AlgorithmConfig.objective`).
-
-    ``policy``: the policy term P with its clip range (`policy_loss.PPO` or `policy_loss.GSPO`).
-    ``aggregation``: how P (PPO), K and H become ``N / D`` (`aggregation.TokenMean` and its siblings).
-    ``kl``: the per-token estimator of K (`losses.KL_ESTIMATORS`; k3 by default).
-    ``norm_len``: the constant of ``seq-mean-token-sum-norm`` (None: the padded width of the batch the
-    divisors are taken from, the same for all its micro-batches).
-    """
+    """The loss's settings (`AlgorithmConfig.objective`); ``norm_len`` None: the padded width."""
 
     policy: PolicyLoss = field(default_factory=PPO)
     aggregation: Aggregation = TOKEN_MEAN
@@ -81,8 +58,7 @@ class Objective:
     value_clip: float | None = 0.2
 
     def divisors(self, mask: Tensor, policy_mask: Tensor | None = None) -> Divisors:
-        """The denominators of a mini-batch with response mask ``mask`` (``[B, L]``, the batch's width) and, when
-        an off-policy mask dropped tokens, ``policy_mask`` (what is left of the policy term)."""
+        """A mini-batch's denominators."""
         norm_len = self.norm_len if self.norm_len is not None else mask.shape[-1]
         pmask = mask if policy_mask is None else policy_mask
         return Divisors(
@@ -92,7 +68,7 @@ class Objective:
         )
 
     def __call__(self, x: MicroInputs, d: Divisors) -> tuple[Tensor, dict[str, Tensor]]:
-        """This micro-batch's share of ``L`` (sum them over the mini-batch's micro-batches) and its metrics."""
+        """This micro-batch's share of ``L``, and its metrics."""
         pmask = x.mask if x.policy_mask is None else x.policy_mask
         token_losses, metrics = self.policy.token_losses(x.logp, x.old_logp, x.advantages, pmask)
         if x.is_weights is not None:
@@ -123,5 +99,5 @@ class Objective:
 
 
 def whole(objective: Objective, x: MicroInputs) -> Tensor:
-    """``L`` of a batch taken whole (one micro-batch): the reference the micro-batch sums must equal."""
+    """``L`` of a batch taken whole."""
     return objective(x, objective.divisors(x.mask))[0]

@@ -1,11 +1,4 @@
-"""The policy term P of the objective, chosen once from ``model.algorithm.loss``: `PPO` (a ratio per token) or
-`GSPO` (a ratio per sequence). Formulas: `losses.ppo_token_losses` and `losses.gspo_token_losses`
-(docs/algorithms.md §4, §5).
-
-Each is a frozen dataclass whose field defaults are its default clip range (PPO 0.2 / 0.2, GSPO 3e-4 / 4e-4),
-and which says how its token losses become ``P = N / D`` (`objective.Objective`): PPO aggregates them under the
-run's aggregation; GSPO takes the mean over sequences of each sequence's mean, whatever the aggregation.
-"""
+"""The policy term P (``model.algorithm.loss``): `PPO` or `GSPO`, formulas in `losses`; defaults are their clips."""
 
 from __future__ import annotations
 
@@ -20,7 +13,7 @@ from roll_lightning.algorithms.aggregation import Aggregation
 
 
 class PolicyLoss(ABC):
-    """The policy term: token losses ``[B, L]`` (0 off the mask), their numerator and the mini-batch's divisor."""
+    """Token losses ``[B, L]``, and how they become ``P = N / D``."""
 
     name: ClassVar[str]
     has_dual_clip: ClassVar[bool] = False
@@ -31,20 +24,20 @@ class PolicyLoss(ABC):
     def token_losses(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``(l_t, metrics)``: the loss of every token on ``mask`` and the term's metrics but ``pg_loss``."""
+        """``(l_t, metrics)``, 0 off ``mask``."""
 
     @abstractmethod
     def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
-        """``N``: what these rows add to the term (it sums over micro-batches)."""
+        """``N``: what these rows add."""
 
     @abstractmethod
     def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
-        """``D``: fixed by the whole mini-batch's mask before any micro-batch runs."""
+        """``D``: from the whole mini-batch's mask."""
 
 
 @dataclass(frozen=True)
 class PPO(PolicyLoss):
-    """``loss: ppo``: the clipped surrogate per token (with Clip-Higher and an optional dual clip)."""
+    """``loss: ppo``: aggregated under the run's aggregation."""
 
     name: ClassVar[str] = "ppo"
     has_dual_clip: ClassVar[bool] = True
@@ -70,7 +63,7 @@ class PPO(PolicyLoss):
 
 @dataclass(frozen=True)
 class GSPO(PolicyLoss):
-    """``loss: gspo``: one length-normalised ratio per sequence (a row's reply tokens), a mean over sequences."""
+    """``loss: gspo``: a mean of sequence means."""
 
     name: ClassVar[str] = "gspo"
 
@@ -83,13 +76,13 @@ class GSPO(PolicyLoss):
         scaled, _, metrics = losses.gspo_token_losses(
             logp, old_logp, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high
         )
-        return scaled, metrics  # l_t / |y_j|: their sum is the sum of the sequences' means
+        return scaled, metrics  # l_t / |y_j|
 
     def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
         return token_losses.sum()
 
     def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
-        return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))  # the sequences: rows with a reply token
+        return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))  # rows with a reply token
 
 
 POLICY_LOSSES: dict[str, type[PPO] | type[GSPO]] = {PPO.name: PPO, GSPO.name: GSPO}

@@ -1,7 +1,6 @@
 """PPO-GAE: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next, R = A + V (docs/algorithms.md §4).
 
-GAE is Schulman et al. 2015. The values come from a critic the module trains on the returns ``R``
-(``uses_critic``), so unlike GRPO and GiGPO it needs neither groups nor step rows.
+GAE: Schulman et al. 2015.
 """
 
 from __future__ import annotations
@@ -19,20 +18,8 @@ from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
 def gae_advantages(
     token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """GAE (Schulman et al. 2015) over the response tokens of each row, ``[B, L]`` in, ``([B, L], [B, L])`` out:
-
-        delta_t = r_t + gamma V_next(t) - V_t
-        A_t     = delta_t + gamma lam A_next(t)
-        returns = A + V
-
-    ``next(t)`` is the next *response* position of the row: positions off ``response_mask`` (prompt,
-    observation tokens between turns, padding) are skipped, not treated as time steps. So in a trajectory row
-    the last token of turn k bootstraps from the value of the first reply token of turn k+1, and the
-    environment's text is not discounted. After the last response token V_next = A_next = 0 (episode ended).
-    Rewards off the mask are ignored (the batch puts each turn's reward on its last reply token); advantages
-    and returns are 0 off the mask. For step rows each row is one turn, so GAE never crosses turns (verl-agent).
-    verl then whitens the advantages; here they are used as they are.
-    """
+    """``(advantages, returns)``, 0 off the mask. ``next(t)`` is the next *reply* token: env tokens between turns
+    are skipped, not discounted. Not whitened (verl whitens)."""
     if not token_rewards.shape == values.shape == response_mask.shape:
         raise ValueError(f"shape mismatch: {token_rewards.shape}, {values.shape}, {response_mask.shape}")
     mask = response_mask.bool()
@@ -47,7 +34,7 @@ def gae_advantages(
         delta = rewards[:, t] + gamma * next_value - v[:, t]
         adv = delta + gamma * lam * next_adv
         advantages[:, t] = torch.where(here, adv, 0)
-        # Off the mask the carried (value, advantage) pass through unchanged: this is what skips the gap.
+        # off the mask the carried values pass through: this skips the gap
         next_value = torch.where(here, v[:, t], next_value)
         next_adv = torch.where(here, adv, next_adv)
     returns = torch.where(mask, advantages + v, 0)
@@ -56,8 +43,7 @@ def gae_advantages(
 
 @dataclass(frozen=True)
 class PPOGAE(Estimator):
-    """``model.algorithm.estimator: ppo-gae``: `gae_advantages` of the token rewards and the critic's values, with
-    ``gamma`` and ``lam`` from the config; returns the value targets too."""
+    """``model.algorithm.estimator: ppo-gae``."""
 
     name: ClassVar[str] = "ppo-gae"
     uses_critic: ClassVar[bool] = True

@@ -1,4 +1,4 @@
-"""Training internals: typed configs, forward passes over rollout rows, micro-batching, FSDP2 sharding."""
+"""The policy update: configs, forward passes, micro-batching, FSDP2."""
 
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 

@@ -1,22 +1,6 @@
-"""Batch adjust modes: make a rollout batch's rows split into ``mini_batches`` equal parts.
+"""``model.algorithm.batch_adjust`` (ROLL's ``batch_adjust_mode``): rows that split into ``d`` equal mini-batches.
 
-ROLL's ``batch_adjust_mode``. A rollout batch holds a fixed number of groups, but its *rows* vary: step rows
-(one per turn) and dynamic sampling change the count, and ``n`` rows rarely split evenly. For ``d`` mini-batches
-and ``r = n mod d``:
-
-    none           keep the n rows; the d parts differ by at most one row
-    copy           add d - r rows drawn at random from the batch (duplicates)           -> n + d - r rows
-    delete         drop r rows chosen at random                                         -> n - r rows
-    auto           copy when r >= d / 2, else delete                                    -> the nearest multiple
-    random_sample  draw the nearest multiple of d rows with replacement from the n rows -> a bootstrap batch
-
-Every mode leaves at least ``d`` rows (a batch of fewer rows is copied up), so each epoch always takes exactly
-``d`` optimiser steps: with several ranks the step counts must agree, or the collectives deadlock. The
-advantages were computed before the adjustment, so a copied row repeats its own advantage and never shifts a
-group's mean or standard deviation (ROLL adjusts before the advantages, which lets duplicates into the group
-statistics). Copies weigh twice in the loss; deleted rows are not trained on this step.
-
-A mode is chosen once: ``adjuster(mode)`` returns the function ``(n, d, generator) -> row indices``.
+Every mode leaves at least d rows, so every rank takes d optimiser steps per epoch (collectives must match).
 """
 
 from __future__ import annotations
@@ -49,7 +33,7 @@ def _auto(n: int, d: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def _random_sample(n: int, d: int, generator: torch.Generator) -> torch.Tensor:
-    if n < d:  # copied up like every mode: d draws from fewer rows could leave one out
+    if n < d:  # d draws from fewer rows could leave one out
         return _copy(n, d, generator)
     size = d * round(n / d)
     return torch.randint(n, (size,), generator=generator)
@@ -65,14 +49,14 @@ ADJUSTERS: dict[str, Adjuster] = {
 
 
 def adjuster(mode: str) -> Adjuster:
-    """The adjustment for ``mode``: row indices (possibly repeated) for ``n`` rows, at least ``d`` of them."""
+    """``(n, d, generator) -> row indices``, possibly repeated."""
     chosen = ADJUSTERS[mode]
 
     def adjust(n: int, d: int, generator: torch.Generator) -> torch.Tensor:
         if n == 0:
             raise ValueError("a rollout batch with no rows cannot be trained on")
         rows = chosen(n, d, generator)
-        if len(rows) < d:  # fewer rows than parts: every mode copies up, so no part is empty
+        if len(rows) < d:  # no part may be empty
             rows = torch.cat([rows, torch.randint(n, (d - len(rows),), generator=generator)])
         return rows
 

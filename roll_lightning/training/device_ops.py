@@ -1,10 +1,4 @@
-"""`DeviceOps`: the handful of accelerator operations the callbacks perform, behind one seam.
-
-Everything the GPU handoff does to a device goes through this object: which accelerator the policy trains on,
-moving optimiser state, waiting for queued copies. `TorchDeviceOps` does it for real; tests pass a recording
-stand-in that reports ``"cuda"`` on a CPU machine, so the CUDA branches run (and their order is checked) where
-no GPU exists. `bench/gpu_check.py` runs the real thing on a GPU.
-"""
+"""`DeviceOps`: the GPU handoff's device operations, a seam so tests run its CUDA branches on a CPU."""
 
 from __future__ import annotations
 
@@ -16,25 +10,19 @@ import torch
 
 class DeviceOps(Protocol):
     def device(self, module: L.LightningModule) -> torch.device | str:
-        """The device the policy trains on (its type is the plan's accelerator: ``"cuda"``, ``"cpu"``, ...)."""
+        """The device the policy trains on."""
         ...
 
-    def move_optimizer_state(self, optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-        """Move every tensor of the optimiser's state (AdamW's moments) to ``device``."""
-        ...
+    def move_optimizer_state(self, optimizer: torch.optim.Optimizer, device: torch.device | str) -> None: ...
 
-    def synchronize(self) -> None:
-        """Wait until the copies queued on the accelerator are done."""
-        ...
+    def synchronize(self) -> None: ...
 
     def free_memory(self, device: str) -> int | None:
-        """Free bytes on ``device`` (None where it cannot be read: a CPU)."""
+        """Free bytes on ``device`` (None on a CPU)."""
         ...
 
 
 class TorchDeviceOps:
-    """The real operations."""
-
     def device(self, module: L.LightningModule) -> torch.device | str:
         return module.device
 

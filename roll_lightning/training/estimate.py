@@ -1,11 +1,4 @@
-"""`estimate_advantages`: a rollout batch's rows → the chosen estimator's advantages (and GAE's returns); and
-`check_rows`, the one check that a rollout's rows can feed that estimator.
-
-The estimators are small objects in `roll_lightning.algorithms` (`grpo.py`, `gigpo.py`, `ppo_gae.py`) that say
-what they need; this module maps a `RolloutBatch` onto their `AdvantageInputs`: group and trajectory ids become
-indices, anchor observations become state ids (only for an estimator that needs step rows) and the critic's
-values come along (only for one that uses a critic).
-"""
+"""A `RolloutBatch` into `AdvantageInputs`, and `check_rows`, the one check of an estimator's needs."""
 
 from __future__ import annotations
 
@@ -19,8 +12,7 @@ from roll_lightning.training.config import TrainingConfigError
 
 
 def check_rows(estimator: Estimator, layout: Layout, group_size: int | None = None) -> None:
-    """Raise `TrainingConfigError`, naming the key to change, when rows of ``layout`` from groups of
-    ``group_size`` episodes (None: not known here) cannot feed ``estimator``."""
+    """Raise `TrainingConfigError`, naming the key, if these rows cannot feed ``estimator``."""
     key = f"model.algorithm.estimator={estimator.name}"
     if estimator.needs_groups and group_size is not None and group_size < 2:
         raise TrainingConfigError(
@@ -34,8 +26,7 @@ def check_rows(estimator: Estimator, layout: Layout, group_size: int | None = No
 def estimate_advantages(
     batch: RolloutBatch, estimator: Estimator, values: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(advantages, returns)``: per row ``[B]`` (GRPO, GiGPO) or per token ``[B, L]`` (GAE, which also returns
-    the value targets; ``values`` are the critic's, required then)."""
+    """``(advantages, returns)``; ``values`` are the critic's (GAE only)."""
     check_rows(estimator, batch.layout)
     device = batch.input_ids.device
     rows = AdvantageInputs(

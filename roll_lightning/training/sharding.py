@@ -8,19 +8,14 @@ import torch
 
 
 def shard_fsdp2(model: torch.nn.Module, mesh: Any, dtype: str) -> None:
-    """Shard ``model`` over ``mesh`` in place.
-
-    The blocks are the classes transformers itself declares unsplittable (``_no_split_modules``: the decoder
-    layers), so each layer's parameters are gathered only while that layer runs. With ``bfloat16`` the
-    parameters compute in bf16 and gradients reduce in fp32.
-    """
+    """Shard ``model`` in place, each ``_no_split_modules`` block (decoder layer) on its own."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy()
     if dtype == "bfloat16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     block_names = set(getattr(model, "_no_split_modules", None) or [])
-    backbone = getattr(model, "backbone", None)  # the critic wraps a backbone
+    backbone = getattr(model, "backbone", None)  # the critic
     if backbone is not None:
         block_names |= set(getattr(backbone, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]

@@ -1,9 +1,5 @@
-"""`WeightSync`: after every policy update, the engine generates with the new weights.
-
-The weights stream in buckets from the trainer's tensors into the engine, never as a second full copy; with
-LoRA an engine that applies adapters gets the adapters alone. How, and what is logged: docs/architecture.md,
-"Weight sync".
-"""
+"""`WeightSync`: after every update the new weights stream into the engine in buckets (docs/architecture.md,
+"Weight sync")."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's full (unsharded) weights copied to CPU, on every rank: a whole second copy of the model (the
-    sync used it before it streamed buckets; kept for comparisons, see ``bench/weight_sync.py``)."""
+    """A full CPU copy of the weights (for ``bench/weight_sync.py``)."""
     out = {}
     for name, value in model.state_dict().items():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
@@ -39,9 +34,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def state_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every entry of the model's state dict, in its order, as the model holds it (a
-    DTensor shard under FSDP2; no copy). A tensor shared by two names (tied embeddings) comes once, under its
-    first name."""
+    """The state dict's entries as held (no copy), a tied tensor once."""
     seen: set[int] = set()
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) not in seen:
@@ -50,15 +43,13 @@ def state_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def gathered(value: torch.Tensor) -> torch.Tensor:
-    """The full tensor on its device: a DTensor gathered with ``full_tensor()`` (a collective), any other tensor
-    as it is."""
+    """The full tensor (a DTensor gathered: a collective)."""
     with torch.no_grad():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
     return tensor.detach()
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of the full tensor (a DTensor reports its global shape)."""
     return tensor.numel() * tensor.element_size()
 
 
@@ -67,10 +58,7 @@ def bucketed(
     bucket_bytes: int,
     gather: Callable[[torch.Tensor], torch.Tensor] = gathered,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group ``(name, tensor)`` pairs, in order, into buckets of at most ``bucket_bytes``; a tensor larger than that
-    is a bucket of its own. A bucket's limit is decided from the full sizes before anything is gathered, and each
-    tensor is gathered (``gather``) only when it joins the current bucket, so a bucket's bytes are all that is
-    ever gathered at once."""
+    """Buckets of at most ``bucket_bytes`` (a larger tensor alone), each tensor gathered as it joins."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -87,7 +75,6 @@ def bucketed(
 
 
 def weight_buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The model's full weights in buckets of at most ``bucket_bytes``, gathered one tensor at a time."""
     return bucketed(state_entries(model), bucket_bytes)
 
 
@@ -97,10 +84,7 @@ def stream_weights(
     bucket_bytes: int,
     entries: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> dict[str, float]:
-    """Make the model's buckets on this thread and hand each to ``feed``, waiting until the engine has loaded it;
-    close the feed at the end. Every bucket is made even when the engine stopped taking them (its load failed):
-    under FSDP2 the gathers are collectives the other ranks wait on. ``entries`` replaces the model's own
-    state-dict entries (LoRA: the merged weights). Returns the counts and times."""
+    """Hand each bucket to ``feed``; every bucket is made even if the engine failed (gathers are collectives)."""
     stats = {"gather_s": 0.0, "load_s": 0.0, "bytes": 0.0, "buckets": 0.0, "delivered": 0.0}
     buckets = weight_buckets(model, bucket_bytes) if entries is None else bucketed(entries, bucket_bytes)
     while True:
@@ -113,21 +97,14 @@ def stream_weights(
         stats["buckets"] += 1
         stats["bytes"] += sum(tensor_bytes(t) for _, t in bucket)
         stats["delivered"] += feed.put(bucket)
-        del bucket  # before the next is made: one bucket alive at a time
+        del bucket  # one bucket alive at a time
         stats["load_s"] += time.perf_counter() - t1
     feed.close()
     return stats
 
 
 class WeightSync(L.Callback):
-    """Loads the actor's weights into the rollout engine: after each update (`after_update`, called by the
-    module's `training_step`), and as a callback at the start of training and evaluation when the engine holds
-    older weights (a restored checkpoint). The module adds it itself, so a config cannot drop it.
-
-    Args:
-        bucket_bytes: the most bytes of weights in one bucket (a larger single tensor travels alone): the memory
-            a sync may add under FSDP2, and the unit the engine loads at once.
-    """
+    """Loads the actor's weights into the engine after each update, and at start if the engine is behind."""
 
     def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         if bucket_bytes < 1:
@@ -146,8 +123,7 @@ class WeightSync(L.Callback):
         self._catch_up(trainer, pl_module)
 
     def _catch_up(self, trainer: L.Trainer, pl_module: AgentRLModule) -> None:
-        """Load the module's weights if the engine has older ones (a restored checkpoint); every rank decides
-        alike, since the versions are the same on all of them."""
+        """Sync if the engine is behind; every rank decides alike."""
         rollout = rollout_of(trainer)
         if rollout is not None and rollout.engine.policy_version != pl_module.policy_version:
             engine = rollout.engine
@@ -158,8 +134,7 @@ class WeightSync(L.Callback):
             )
 
     def _sync(self, trainer: L.Trainer, pl_module: AgentRLModule) -> dict[str, float] | None:
-        """Suspend the rollout, stream the weights, resume. The engine is awake: `GPUHandoff.to_generation` woke
-        (or expanded) it just before."""
+        """Suspend the rollout, stream the weights, resume."""
         rollout = rollout_of(trainer)
         if rollout is None or pl_module.actor is None:
             return None
@@ -167,7 +142,7 @@ class WeightSync(L.Callback):
         version = pl_module.policy_version
         rollout.call(rollout.scheduler.suspend())  # no reply may come from half-loaded weights
         stats = sync_actor(pl_module.actor, rollout.engine, version, self.bucket_bytes, rollout.call)
-        rollout.call(rollout.scheduler.resume())  # groups now too stale for `version` are dropped here
+        rollout.call(rollout.scheduler.resume())  # drops groups now too stale
         done = time.perf_counter()
         return {
             "sync/total_s": done - started,
@@ -181,15 +156,14 @@ class WeightSync(L.Callback):
 
 
 def takes_adapters(engine: object) -> bool:
-    """Whether ``engine`` applies LoRA adapters itself (vLLM with ``max_lora_rank``; not a router of replicas)."""
+    """vLLM with ``max_lora_rank``."""
     return isinstance(engine, AdapterEngine) and engine.takes_adapters
 
 
 def sync_actor(
     actor: torch.nn.Module, engine: Any, version: int, bucket_bytes: int, call: Callable[[Any], Any]
 ) -> dict[str, float]:
-    """The actor's weights into ``engine`` as ``version``: the whole model streamed (full training), or with LoRA
-    the adapters (`send_adapter`) where the engine takes them, else the merged weights streamed."""
+    """The weights; with LoRA the adapters if the engine takes them, else merged weights."""
     from roll_lightning.training import lora
 
     if not lora.is_lora(actor):
@@ -202,8 +176,7 @@ def sync_actor(
 def send_adapter(
     actor: torch.nn.Module, engine: AdapterEngine, version: int, call: Callable[[Any], Any]
 ) -> dict[str, float]:
-    """Gather the actor's LoRA adapters (a copy: the engine may scale them in place) and load them into
-    ``engine`` in one piece; returns the statistics `stream_weights` does, ``adapter`` = 1."""
+    """The LoRA adapters in one piece; ``adapter`` = 1."""
     from roll_lightning.training import lora
 
     t0 = time.perf_counter()
@@ -224,10 +197,8 @@ def stream_into_engine(
     call: Callable[[Any], Any],
     entries: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> dict[str, float]:
-    """Stream ``model``'s weights (or ``entries``, see `stream_weights`) into ``engine`` as ``version``: the
-    buckets are made on this thread (the FSDP2 gathers stay where Lightning set the device) while the engine loads
-    them through ``call``, which runs a coroutine on the engine's event loop and waits for it. Raises if the engine
-    failed or took fewer buckets than were made; returns `stream_weights`'s statistics."""
+    """Buckets are made on this thread (Lightning's device, for FSDP2) while ``call`` loads them on the engine's
+    loop."""
     feed = BucketFeed()
 
     async def load() -> None:
@@ -237,7 +208,7 @@ def stream_into_engine(
             feed.stop()
 
     with ThreadPoolExecutor(1, thread_name_prefix="weight-sync") as pool:
-        loading = pool.submit(call, load())  # the engine takes the buckets as they are made here
+        loading = pool.submit(call, load())
         try:
             stats = stream_weights(model, feed, bucket_bytes, entries)
         except BaseException as err:
@@ -245,7 +216,7 @@ def stream_into_engine(
             with contextlib.suppress(BaseException):
                 loading.result()
             raise
-        loading.result()  # the engine's error, if it failed
+        loading.result()  # raises the engine's error
     if stats["delivered"] != stats["buckets"]:
         raise RuntimeError(
             f"WeightSync: the engine took {stats['delivered']:.0f} of {stats['buckets']:.0f} weight buckets"

@@ -1,4 +1,4 @@
-"""Model helpers. `tiny` builds small random chat models offline, for tests and smoke runs."""
+"""Model helpers: built-in model names (`resolve_model`) and tiny random models built offline."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ __all__ = ["build_tiny_model", "resolve_model", "tiny_model"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so `python -m roll_lightning.models.tiny` does not find the module pre-imported (runpy warns then).
+    # lazy: runpy warns if `python -m roll_lightning.models.tiny` finds the module pre-imported
     if name == "resolve_model":
         from roll_lightning.models.resolve import resolve_model
 

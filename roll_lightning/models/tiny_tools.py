@@ -1,13 +1,6 @@
 """``tiny-tools``: the tiny chat model taught the Hermes tool-call format, and not the task, offline in minutes.
 
-A pretrained chat model can write a tool call, and use what a tool returns, before RL teaches it which calls a
-task needs. SmolLM2-135M, the one pretrained model available offline, cannot: 5 of 48 lookup replies and 0 of 16
-calculator replies were well-formed calls (docs/benchmarks.md), so it gives RL nothing to reinforce. This builds
-the CPU stand-in for the lookup env (``configs/lookup.yaml``): the tiny BPE model with its own tokenizer (trained
-on lookup conversations) and a chat template with a one-line-per-tool list, fitted by next-token loss on
-episodes of the real env played by a policy that knows the format and not the task: each turn a lookup or an
-answer, evenly; a lookup reads the box asked about half the time (`RIGHT_CALL`), a random box otherwise; an
-answer gives the last code read (a random one before any). What RL adds is which box to read and when to answer.
+SmolLM2-135M writes almost no well-formed call, leaving RL nothing to reinforce (docs/benchmarks.md).
 
 CLI: ``python -m roll_lightning.models.tiny_tools OUT_DIR [--seed N] [--steps N]``
 """
@@ -23,8 +16,7 @@ from typing import Any
 from roll_lightning.models.tiny import MESSAGES_TEMPLATE, build_tiny_model, build_tokenizer, cache_name, cached_build
 
 SYSTEM_PROMPT = "Answer the question with tool calls."
-# The tiny model's ChatML with a short tool list: a line per tool, its name, parameters and description (Qwen2.5's
-# full JSON schemas would make up two thirds of every prompt); calls and results as Qwen2.5 writes them.
+# a line per tool: Qwen2.5's JSON schemas would fill two thirds of every prompt
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n' }}"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n' }}{% endif %}"
@@ -35,10 +27,9 @@ CHAT_TEMPLATE = (
     "{% endif %}" + MESSAGES_TEMPLATE
 )
 RECIPE_VERSION = 1
-RIGHT_CALL = 0.5  # how often the warm-up policy looks up the box it was asked for
-BATCH, LR = 16, 3e-3  # conversations per warm-up update, and the peak learning rate (decayed linearly to 0)
-# The lookup env's settings the warm-up plays with (configs/lookup.yaml uses the same).
-ENV_CONFIG = {"max_steps": 3, "boxes": 9}
+RIGHT_CALL = 0.5  # how often the warm-up policy looks up the asked box
+BATCH, LR = 16, 3e-3  # conversations per update; peak learning rate, decayed linearly to 0
+ENV_CONFIG = {"max_steps": 3, "boxes": 9}  # as configs/lookup.yaml
 
 
 def call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -47,15 +38,14 @@ def call_text(name: str, arguments: dict[str, Any]) -> str:
 
 
 def _reply(rng: random.Random, box: int, code: str | None) -> str:
-    """The warm-up policy: a lookup or an answer, evenly; the lookup of the asked box `RIGHT_CALL` of the time
-    (else of a random box); an answer gives the last code looked up (a random code before any)."""
+    """The warm-up policy, which knows the format and not the task."""
     if rng.random() < 0.5:
         return call_text("answer", {"code": int(code) if code else rng.randint(10, 99)})
     return call_text("lookup", {"box": box if rng.random() < RIGHT_CALL else rng.randint(1, ENV_CONFIG["boxes"])})
 
 
 def episodes(n: int, seed: int) -> list[list[dict[str, str]]]:
-    """``n`` conversations with the lookup env (the real env class), as the trainer's messages."""
+    """``n`` conversations with the real lookup env, as the trainer's messages."""
     from env_servers.api import Action, ToolCall
     from env_servers.envs.lookup import LookupConfig, LookupEnv
 
@@ -120,7 +110,7 @@ def build_tiny_tools_model(out_dir: str | Path, *, seed: int = 0, steps: int = 1
 
 
 def _masked(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict]) -> tuple[Any, Any]:
-    """Token ids of a conversation and a mask of what the model generates: each reply and its end of turn."""
+    """A conversation's token ids and a mask of its replies."""
     import torch
 
     def ids_of(k: int, generation_prompt: bool = False) -> list[int]:
@@ -146,7 +136,7 @@ def _masked(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict]) -
 
 
 def _loss(model: Any, rows: list[tuple[Any, Any]], pad_id: int) -> Any:
-    """Mean next-token loss over the replies' tokens of a right-padded batch of conversations."""
+    """Mean next-token loss over the replies' tokens of a right-padded batch."""
     import torch
 
     width = max(len(ids) for ids, _ in rows)

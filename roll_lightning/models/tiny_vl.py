@@ -1,13 +1,7 @@
-"""A tiny random vision-language chat model (the Qwen2-VL architecture), built fully offline in seconds.
+"""A tiny random Qwen2-VL chat model, built offline in seconds: `tiny` for images.
 
-What `tiny` is for text, this is for images: a real Qwen2-VL folder (``config.json``, weights, tokenizer with the
-vision tokens, ``preprocessor_config.json``) that transformers loads like ``Qwen/Qwen2-VL-2B-Instruct``, so tests
-run the whole image path (the image processor, vision tokens in the prompt, M-RoPE, pixel values beside the rows)
-without the hub. The vision encoder has patch 14 and a 2x2 merge: a 28-pixel square is one vision token, so a
-board rendered with 28-pixel cells (the envs' ``cell_pixels`` default) gives one token per cell.
-
-``vocab="words"`` uses `tiny`'s ~20-word vocabulary (each move is one token): the from-scratch pixel recipe,
-``configs/frozenlake_pixels.yaml``.
+One vision token per 28-pixel square, so a board with the envs' default ``cell_pixels`` gives one per cell.
+``vocab="words"`` serves the from-pixels recipe.
 
 CLI: ``python -m roll_lightning.models.tiny_vl OUT_DIR [--seed N] [--vocab words] ...``
 """
@@ -21,9 +15,9 @@ from typing import Any
 from roll_lightning.models import tiny
 
 VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
-# One vision token per 28-pixel square: patch 14, merged 2x2 (Qwen2-VL's own sizes).
+# Qwen2-VL's own sizes
 PATCH_SIZE, MERGE_SIZE = 14, 2
-# Bump when the recipe changes, so cached folders built by an older recipe are not reused.
+# bump when the recipe changes, to invalidate cached builds
 RECIPE_VERSION = 2
 
 
@@ -40,16 +34,11 @@ def build_tiny_vl_model(
     max_image_tokens: int = 256,
     rope_theta: float = 10.0,
 ) -> Path:
-    """Build a random ``Qwen2VLForConditionalGeneration``, its tokenizer and image processor into ``out_dir``.
+    """Build a random Qwen2-VL model, tokenizer and image processor into ``out_dir`` (byte-identical for equal
+    arguments). ``max_image_tokens`` bounds an image's vision tokens.
 
-    Same arguments give byte-identical files. ``max_image_tokens`` bounds an image's vision tokens (the image
-    processor scales larger pictures down to fit). No dropout, so the trainer's log-probs equal the engine's.
-
-    Positions: M-RoPE gives a vision token its row and column through two sections of each head's rotary
-    frequencies. With Qwen2-VL's own ``rope_theta`` (1e6) and a 32-wide head those are the slowest frequencies,
-    which turn by ~0.001 radians per cell: a random model cannot tell one cell from another, and a policy
-    trained on that ignored the picture entirely. ``rope_theta`` 10 with most frequencies on the rows and
-    columns turns them by 0.1-0.8 radians per cell.
+    ``rope_theta`` 10, with most M-RoPE frequencies on rows and columns, lets a random model tell cells apart;
+    Qwen2-VL's 1e6 does not (docs/benchmarks.md, "Learning from pixels").
     """
     head_dim, rest = divmod(hidden_size, num_heads)
     if rest or head_dim % 8:
@@ -115,7 +104,7 @@ def build_tiny_vl_model(
 
 
 def tiny_vl_model(cache_dir: str | Path, seed: int = 0, **kwargs: Any) -> Path:
-    """`build_tiny_vl_model` once per argument set under ``cache_dir`` (built in a temp dir, renamed in place)."""
+    """`build_tiny_vl_model` once per argument set, cached under ``cache_dir``."""
     name = tiny.cache_name(f"tiny-vl-v{RECIPE_VERSION}", seed, kwargs)
     return tiny.cached_build(Path(cache_dir) / name, lambda tmp: build_tiny_vl_model(tmp, seed=seed, **kwargs))
 

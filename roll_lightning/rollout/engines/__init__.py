@@ -1,8 +1,4 @@
-"""Generation engines behind one async interface (`GenerationEngine`).
-
-`build_engine` picks one by name: ``transformers`` (starts in seconds, batches concurrent calls), ``vllm``
-(continuous batching; the engine for real runs), optionally several replicas behind an `EngineRouter`.
-"""
+"""Generation engines behind one async interface (`GenerationEngine`); `build_engine` picks one by name."""
 
 from roll_lightning.rollout.engines.base import (
     EngineClosed,

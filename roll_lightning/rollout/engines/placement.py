@@ -1,14 +1,7 @@
 """Where a rank's engine replicas run: ``data.engine.devices`` resolved for one rank.
 
-Each entry is one replica. ``train`` is the device this rank trains on (shared with training: the replica a
-partial-overlap run shrinks during each update, see `EngineRouter.shrink`); any other entry is a device string
-(``cpu``, ``cuda``, ``cuda:N``) in which ``{...}`` is an integer expression of ``local_rank`` and
-``local_world_size``, so one YAML serves every rank. Four ranks training on GPUs 0-3 that each also generate on
-one of GPUs 4-7 write::
-
-    devices: [train, "cuda:{local_rank + local_world_size}"]
-
-The label a replica answers to in `shrink`/`expand` is ``train`` for the shared one and its device otherwise.
+Each entry is a replica: ``train`` (the rank's training device) or a device string with ``{...}`` expressions
+of ``local_rank`` and ``local_world_size``, e.g. ``[train, "cuda:{local_rank + local_world_size}"]``.
 """
 
 from __future__ import annotations
@@ -27,14 +20,14 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 @dataclass(frozen=True)
 class Placement:
-    """One rank's replicas: ``labels[i]`` names replica i in `shrink`/`expand`, ``devices[i]`` is where it runs."""
+    """One rank's replicas: ``labels[i]`` (named by `shrink`/`expand`) and ``devices[i]``."""
 
     labels: list[str]
     devices: list[str]
 
 
 def device_rule(devices: Sequence[str]) -> str | None:
-    """Why ``devices`` cannot work (None when it can): checked at config time, with rank 0's values."""
+    """Why ``devices`` cannot work (None when it can), checked with rank 0's values."""
     if not devices:
         return "a non-empty list (one device per replica), or null"
     for entry in devices:
@@ -58,8 +51,7 @@ def place(
     local_rank: int = 0,
     local_world_size: int = 1,
 ) -> Placement:
-    """Resolve ``devices`` for this rank; without it, ``replicas`` replicas on ``device`` (labelled
-    ``replica<i>``: nothing to shrink)."""
+    """Resolve ``devices`` for this rank; without it, ``replicas`` replicas on ``device``."""
     if devices is None:
         return Placement([f"replica{i}" for i in range(replicas)], [device] * replicas)
     resolved = [
@@ -76,7 +68,7 @@ def _fill(entry: str, **names: int) -> str:
 
 
 def _evaluate(text: str, names: dict[str, int]) -> int:
-    """An integer expression of ``names`` with + - * // and integer literals (nothing else is evaluated)."""
+    """An integer expression with + - * //; nothing else is evaluated."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as err:

@@ -1,9 +1,4 @@
-"""`EngineRouter`: several engine replicas (data-parallel generation) behind the one-engine interface.
-
-Routing is sticky per conversation; loads, sleep and wake go to every replica; `shrink` and `expand` take the
-replicas on some devices out of service and back (partial overlap). How, and why: docs/architecture.md,
-"Engine replicas".
-"""
+"""`EngineRouter`: engine replicas behind the one-engine interface (docs/architecture.md, "Engine replicas")."""
 
 from __future__ import annotations
 
@@ -32,7 +27,7 @@ ACTIVE, PENDING, SHRUNK = "active", "pending", "shrunk"
 
 class EngineRouter:
     def __init__(self, replicas: Sequence[GenerationEngine], devices: Sequence[str] | None = None) -> None:
-        """``devices``: each replica's device label (default ``replica<i>``), what `shrink` and `expand` name."""
+        """``devices``: the replicas' labels for `shrink`/`expand`."""
         if not replicas:
             raise ValueError("EngineRouter needs at least one replica")
         self.replicas = list(replicas)
@@ -46,16 +41,15 @@ class EngineRouter:
         self._epoch = [0] * len(self.replicas)  # bumped by each shrink: replies from an older epoch are dropped
         self._calls: list[set[asyncio.Future[Generation]]] = [set() for _ in self.replicas]
         self.routed = Counter[int]()
-        self.counters: Counter[str] = Counter()  # shrinks, expands, aborted, rerouted, migrated
+        self.counters: Counter[str] = Counter()
 
     @property
     def policy_version(self) -> int:
-        """The oldest weights a serving replica generates with (what staleness is measured against)."""
+        """The oldest weights a serving replica generates with."""
         return min(self.replicas[i].policy_version for i in self.active)
 
     @property
     def concurrent_loads(self) -> bool:
-        """Whether this router may load beside a sibling one (only if every replica may)."""
         return all(r.concurrent_loads for r in self.replicas)
 
     @property
@@ -73,14 +67,13 @@ class EngineRouter:
         return min(self.active, key=lambda i: (self._load[i], i))
 
     def release(self, key: str) -> None:
-        """Forget a finished conversation (frees its slot in the balance)."""
+        """Forget a finished conversation."""
         index = self._route.pop(key, None)
         if index is not None:
             self._load[index] -= 1
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        """A reply from a serving replica. If a `shrink` takes that replica away before the reply is read, the
-        same prompt is asked again of a replica left: a reply from a shrunk replica is never returned."""
+        """A reply from a serving replica, asked again if `shrink` takes that replica first."""
         while True:
             index = self.replica_for(key) if key else self._least_loaded()
             epoch = self._epoch[index]
@@ -92,15 +85,15 @@ class EngineRouter:
                 await asyncio.wait([call])  # not `await call`: a shrink cancels the call, not this coroutine
             finally:
                 self._calls[index].discard(call)
-                call.cancel()  # this coroutine was cancelled (a turn deadline, a suspend): so is the call
+                call.cancel()  # if this coroutine was cancelled, so is the call
             if self._epoch[index] == epoch:
                 return call.result()
-            self.counters["rerouted"] += 1  # shrunk meanwhile: whatever it answered, ask a replica left
+            self.counters["rerouted"] += 1  # shrunk meanwhile: ask a replica left
 
     # -- partial overlap -----------------------------------------------------------------------------
 
     def indices(self, devices: Sequence[str]) -> list[int]:
-        """The replicas on ``devices``; an unknown label raises, naming the labels there are."""
+        """The replicas on ``devices``; an unknown label raises."""
         unknown = sorted(set(devices) - set(self.devices))
         if unknown:
             raise ValueError(f"EngineRouter: no replica on {unknown}; the replicas are on {self.devices}")
@@ -109,12 +102,8 @@ class EngineRouter:
     async def shrink(
         self, devices: Sequence[str], free_memory: Callable[[str], int | None] | None = None
     ) -> dict[str, Any]:
-        """Take the replicas on ``devices`` out of service (see the module docstring) and put them to sleep.
-
-        ``free_memory(device)``, when given, reads a device's free bytes before and after the sleep. Returns the
-        ``replicas`` and ``devices`` shrunk, the ``aborted`` replies (each asked again elsewhere), the
-        ``migrated`` conversations, ``released_bytes`` (None when not measured) and the ``active`` replicas left.
-        """
+        """Take the replicas on ``devices`` out of service and put them to sleep; return what moved.
+        ``free_memory(device)`` (free bytes) measures ``released_bytes``."""
         targets = [i for i in self.indices(devices) if self.states[i] != SHRUNK]
         if targets and not [i for i in self.active if i not in targets]:
             raise ValueError(
@@ -128,7 +117,7 @@ class EngineRouter:
             aborted += sum(call.cancel() for call in list(self._calls[i]))
             moved = [key for key, index in self._route.items() if index == i]
             for key in moved:
-                self.release(key)  # its next turn goes to the least-loaded replica left
+                self.release(key)
             migrated += len(moved)
         shrunk = sorted({self.devices[i] for i in targets})
         before = {d: free_memory(d) for d in shrunk} if free_memory else {}
@@ -150,10 +139,8 @@ class EngineRouter:
         }
 
     async def expand(self, devices: Sequence[str], skip_load: bool = False) -> dict[str, Any]:
-        """Wake the shrunk replicas on ``devices``. Each serves again once it holds the weights of the last load
-        (from the next `load_weights` when it is behind), or at once with ``skip_load``. Returns the
-        ``replicas`` and ``devices`` expanded, ``serving`` (those serving now) and ``pending`` (those waiting
-        for the weights)."""
+        """Wake the shrunk replicas on ``devices``; each serves once it holds the last load (or, with
+        ``skip_load``, at once)."""
         targets = [i for i in self.indices(devices) if self.states[i] == SHRUNK]
         await asyncio.gather(*(self.replicas[i].wake() for i in targets))
         for i in targets:
@@ -171,8 +158,7 @@ class EngineRouter:
     # -- weights and memory --------------------------------------------------------------------------
 
     async def load_weights(self, weights: Weights, version: int) -> None:
-        """Load into every replica that is awake (serving, or waiting after `expand`); those waiting serve again
-        once loaded. A shrunk replica is skipped and stays behind until it is expanded and loaded."""
+        """Load into every awake replica; a shrunk one stays behind until expanded and loaded."""
         targets = [self.replicas[i] for i, state in enumerate(self.states) if state != SHRUNK]
         if isinstance(weights, Mapping):  # a mapping can be read by every replica
             await asyncio.gather(*(r.load_weights(weights, version) for r in targets))
@@ -182,7 +168,7 @@ class EngineRouter:
             await self._load_in_lock_step(targets, weights, version)
         else:
             log.info("EngineRouter: replicas that cannot load side by side: loading them one after the other")
-            # (copied as they come: a feed empties each bucket's list once the next one is asked for)
+            # copied: a feed empties each bucket's list
             buckets = await asyncio.to_thread(lambda: [list(bucket) for bucket in iter_buckets(weights)])
             try:
                 for replica in targets:
@@ -207,7 +193,7 @@ class EngineRouter:
             try:
                 for bucket in iter_buckets(weights):
                     for feed in feeds:
-                        feed.offer(bucket)  # each feed keeps its own list: a replica done early empties only its own
+                        feed.offer(bucket)  # copies: a replica done early empties only its own
                     for feed in feeds:
                         feed.wait_done()
                     del bucket
@@ -225,23 +211,21 @@ class EngineRouter:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            # the source's own failure first; a replica that failed keeps its old policy version
+            # the source's failure first
             raise errors[0]
 
     async def sleep(self) -> None:
         await asyncio.gather(*(r.sleep() for r in self.replicas))
 
     async def wake(self) -> None:
-        """Wake every replica but the shrunk ones (they wake through `expand`)."""
+        """Wake every replica but the shrunk ones (`expand` wakes those)."""
         await asyncio.gather(*(r.wake() for r, s in zip(self.replicas, self.states, strict=True) if s != SHRUNK))
 
     async def reset_prefix_cache(self) -> None:
         await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
 
     def stats(self) -> dict[str, float]:
-        """The replicas' counters summed, plus the router's own: ``replicas_active``, and ``shrinks``,
-        ``expands``, ``aborted`` (replies a shrink cancelled), ``rerouted`` (turns asked again after a shrink)
-        and ``migrated`` (conversations moved) since start."""
+        """The replicas' counters summed, plus the router's."""
         total: Counter[str] = Counter()
         for replica in self.replicas:
             total.update(replica.stats())

@@ -1,9 +1,7 @@
-"""`SimulatedEngine`: a stand-in engine for *scheduling* tests and benchmarks, never for training.
+"""`SimulatedEngine`: a stand-in engine for scheduling tests and benchmarks, never for training.
 
-Every call takes a latency (fixed, or drawn per reply by a callable: uneven replies for the scheduling
-benchmarks), as if the reply came from a batched accelerator that serves any number of concurrent requests at
-once, and answers with one of the given reply texts, tokenised. Its log-probs are a constant placeholder. It lets
-the scheduler be measured without a model: engine busy time is the time at least one request is in flight.
+Each call sleeps a latency (fixed or drawn per reply), as if unlimited concurrent requests were batched, and
+returns one of the given replies with placeholder log-probs. Busy time is time with a request in flight.
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ class SimulatedEngine:
         return out
 
     async def load_weights(self, weights: Weights, version: int) -> None:
-        """Takes every bucket (on a thread: a stream's producer may be slow), keeps nothing, sets the version."""
+        """Drain the buckets on a thread (the producer may be slow), keep nothing, set the version."""
         if not isinstance(weights, Mapping):
             self.buckets_loaded = await asyncio.to_thread(_count_buckets, weights)
         self.policy_version = version

@@ -1,9 +1,6 @@
-"""`ThreadedEngine`: the shared plumbing of engines whose compute runs on one worker thread.
+"""`ThreadedEngine`: engines whose model is owned by one worker thread.
 
-The asyncio side only enqueues requests and awaits futures; the worker thread owns the model. Anything that
-touches the model outside generation (loading weights, resetting a cache) is queued as a command and runs on
-the worker *between* units of work, so no reply is ever produced by half-loaded weights. If the worker dies,
-every waiting and later call fails with `EngineClosed` naming the cause instead of hanging.
+Commands (weight loads) run there between units of work, so no reply comes from half-loaded weights.
 """
 
 from __future__ import annotations
@@ -29,19 +26,18 @@ class Request:
     key: str
     future: Future[Generation]
     submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False  # the caller gave up (an episode cancelled or timed out): don't spend compute on it
+    cancelled: bool = False  # the caller gave up: don't spend compute on it
 
 
 class ThreadedEngine:
-    """Subclasses implement `_work(new)` (take the new requests, do one unit of work, `_done(...)` what
-    finished) and `_busy()` (requests still in flight inside the engine)."""
+    """Subclasses implement `_work`, `_busy` and `_in_flight`."""
 
     name = "engine"
-    concurrent_loads = True  # may load weights while a sibling replica does (see `EngineRouter`)
+    concurrent_loads = True
 
     def __init__(self) -> None:
         self.policy_version = 0
-        self.asleep = False  # set by an engine's `sleep` on an accelerator, cleared by its `wake`
+        self.asleep = False
         self._inbox: queue.SimpleQueue[Request | Callable[[], Any] | None] = queue.SimpleQueue()
         self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
         self._started = time.perf_counter()
@@ -65,7 +61,7 @@ class ThreadedEngine:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            request.cancelled = True  # seen by the worker before it batches (or, in vLLM, aborts) the request
+            request.cancelled = True  # the worker drops it (vLLM: aborts it)
             raise
 
     async def run_on_worker(self, fn: Callable[[], Any]) -> Any:
@@ -103,7 +99,7 @@ class ThreadedEngine:
     # -- worker side ---------------------------------------------------------------------------------
 
     def _on_worker_start(self) -> None:
-        """Runs first on the worker thread (an engine on a GPU makes it the thread's current device)."""
+        """Runs first on the worker thread."""
 
     def _loop(self) -> None:
         pending: list[Request] = []
@@ -126,7 +122,7 @@ class ThreadedEngine:
             self._fail_everything(pending)
 
     def _drain_inbox(self, pending: list[Request], block: bool) -> bool:
-        """Move queued requests into ``pending`` and run queued commands; True when asked to stop."""
+        """Move requests into ``pending`` and run commands; True when asked to stop."""
         while True:
             try:
                 item = self._inbox.get(block=block, timeout=None)
@@ -142,7 +138,7 @@ class ThreadedEngine:
                 item()
 
     def _run_batch(self, batch: list[Request], generate: Callable[[list[Request]], list[Generation]]) -> None:
-        """Run one batch; an error fails that batch's requests only (a bad prompt must not stop the engine)."""
+        """Run one batch; an error fails only its requests."""
         try:
             results = generate(batch)
         except Exception as err:  # noqa: BLE001 - delivered to the callers that caused it
@@ -159,7 +155,7 @@ class ThreadedEngine:
         self._counters["requests"] += 1
         self._counters["generated_tokens"] += len(generation.token_ids)
         self._counters["prompt_tokens"] += len(request.prompt_ids)
-        with contextlib.suppress(InvalidStateError):  # cancelled by its caller between the check and now
+        with contextlib.suppress(InvalidStateError):  # cancelled since the check
             request.future.set_result(generation)
 
     def _fail_everything(self, pending: list[Request]) -> None:

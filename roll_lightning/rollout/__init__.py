@@ -1,12 +1,8 @@
-"""Rollout: generation engines, the episode runner, groups, the scheduler and the `RolloutDataModule`.
-
-The engine-free parts (config, batch rows, scheduler) import torch but not transformers or vLLM; engines are
-imported from `roll_lightning.rollout.engines` when built.
-"""
+"""Rollout: generation engines (imported only when built), episodes, the scheduler and the `RolloutDataModule`."""
 
 from roll_lightning._compat import check_torch_companions
 
-check_torch_companions()  # before torch/transformers are imported: a clear message instead of a deep one
+check_torch_companions()  # before torch is imported: a clear message, not a deep traceback
 
 from roll_lightning.rollout.batch import RolloutBatch, collate  # noqa: E402
 from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError  # noqa: E402

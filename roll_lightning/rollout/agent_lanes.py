@@ -1,5 +1,4 @@
-"""The agent lanes of a run: envs whose episodes the user's own agent program plays (``agent:`` on an entry of
-``data.rollout.envs``), each answered by an `AgentEndpoint` of its own on the rollout loop."""
+"""The run's agent lanes (``agent:`` entries of ``data.rollout.envs``), each with its own `AgentEndpoint`."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from roll_lightning.rollout.tags import LaneSpec
 
 
 class AgentLanes:
-    """Starts each agent lane's endpoint on first use (answered by ``engine``, the scheduler's gated engine) and
-    plays its episodes."""
+    """Starts each lane's endpoint on first use (``engine``: the scheduler's gate) and plays its episodes."""
 
     def __init__(self, engine: Generates, tokenizer: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer

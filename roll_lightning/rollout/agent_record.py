@@ -1,10 +1,5 @@
-"""What the agent endpoint records of one episode: every chat call as token ids, log-probs and policy version,
-grouped into segments of one growing conversation.
-
-A call whose messages extend the previous call's conversation (its messages, then the reply as returned, then
-more messages) continues the segment: its prompt is the segment's tokens so far, the sampled reply ids among
-them as they were sampled, plus the new messages rendered by the chat template. Any other call (an agent that
-rewrote its history, dropped a turn or started over) starts a new segment, rendered from scratch.
+"""What the agent endpoint records of one episode: its calls, in segments of one growing conversation whose
+reply ids stay as sampled.
 """
 
 from __future__ import annotations
@@ -17,8 +12,7 @@ from roll_lightning.rollout.chat import TemplateDriftError, TokenHistory
 
 @dataclass(frozen=True)
 class AgentCall:
-    """One chat call: the whole prompt the engine saw, the reply it sampled, their log-probs and the version of
-    the weights that sampled them."""
+    """One chat call as the engine saw and sampled it."""
 
     segment: int
     prompt_ids: list[int]
@@ -30,16 +24,15 @@ class AgentCall:
 
 @dataclass
 class Segment:
-    """One growing conversation: its token history and the messages as the agent will send them back."""
+    """One growing conversation: its tokens and its `normalised` messages."""
 
     history: TokenHistory
-    seen: list[dict[str, Any]] = field(default_factory=list)  # normalised request messages + returned replies
+    seen: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A call's prompt before it is answered: the segment it extends (or a new one) as it would become. Nothing
-    is recorded until `AgentEpisode.record`, so a call refused or lost leaves the episode as it was."""
+    """A call's prompt before it is answered; `AgentEpisode.record` keeps it."""
 
     segment: int
     history: TokenHistory
@@ -52,17 +45,15 @@ class Plan:
 
 @dataclass
 class AgentEpisode:
-    """An episode's calls, in order, and its segments."""
-
     key: str
     calls: list[AgentCall] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     finished: bool = False
-    reward: float | None = None  # what the agent reported (None: not yet)
+    reward: float | None = None  # None: not reported yet
     metrics: dict[str, float] = field(default_factory=dict)
 
     def plan(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> Plan:
-        """The prompt for ``messages``: the last segment extended when they extend it, else a new segment."""
+        """The last segment extended when ``messages`` extend it, else a new segment."""
         wanted = [normalised(m) for m in messages]
         if self.segments and _extends(self.segments[-1], wanted, tools):
             current = self.segments[-1]
@@ -71,13 +62,13 @@ class AgentEpisode:
                 history.add_messages([_as_template_message(m) for m in messages[len(current.seen) :]])
                 return Plan(len(self.segments) - 1, history, wanted)
             except TemplateDriftError:
-                pass  # the template renders the old turns differently now: start over
+                pass  # the template re-renders old turns: start over
         history = TokenHistory(tokenizer, tools=tools or None)
         history.add_messages([_as_template_message(m) for m in messages])
         return Plan(len(self.segments), history, wanted)
 
     def record(self, plan: Plan, call: AgentCall, stop_ids: set[int], returned: dict[str, Any]) -> None:
-        """Commit a call: its segment as planned, then its reply (ids exactly as sampled)."""
+        """Commit a planned call and its reply ids as sampled."""
         plan.history.add_reply(call.reply_ids, stop_ids)
         segment = Segment(plan.history, [*plan.seen, normalised(returned)])
         if plan.segment < len(self.segments):
@@ -103,8 +94,7 @@ def _extends(segment: Segment, wanted: list[dict[str, Any]], tools: list[dict] |
 
 
 def normalised(message: dict[str, Any]) -> dict[str, Any]:
-    """What must be equal for two messages to be the same turn: role, text, tool calls (name and arguments) and
-    the call a tool result answers."""
+    """What must match for two messages to be the same turn."""
     out: dict[str, Any] = {"role": message.get("role"), "content": text_of(message.get("content"))}
     calls = message.get("tool_calls") or []
     if calls:
@@ -115,7 +105,7 @@ def normalised(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def text_of(content: Any) -> str:
-    """A message's content as text: a string, or the text parts of a list of parts."""
+    """A message's content as text (a string, or its text parts)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -124,8 +114,7 @@ def text_of(content: Any) -> str:
 
 
 def _as_template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A request message as chat templates take it (text content; tool calls passed on for templates that render
-    them, as Qwen2.5's does)."""
+    """A request message as chat templates take it (tool calls kept)."""
     out = {"role": message["role"], "content": text_of(message.get("content"))}
     if message.get("tool_calls"):
         out["tool_calls"] = message["tool_calls"]

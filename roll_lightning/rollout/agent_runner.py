@@ -1,10 +1,5 @@
-"""One episode played by the user's own agent program: started with the endpoint's URLs, waited for until it
-exits or its deadline passes, and its recorded calls made into an `Episode` of step rows.
-
-The agent gets everything through its environment: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (what the OpenAI
-SDKs read), ``ROLL_REWARD_URL`` (where it reports its reward) and ``ROLL_TASK`` (JSON: the seed, group and
-member, and the task the config gives). An agent that exits non-zero, outlives its deadline, makes no call or
-reports no reward fails the episode with `AgentFailed` (retried like an env fault), never a silent zero.
+"""One episode played by the user's agent program (docs/agents.md), its calls made into step rows; a failed agent
+raises `AgentFailed`, never a silent zero.
 """
 
 from __future__ import annotations
@@ -23,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from roll_lightning.rollout.agent_record import AgentEpisode
 from roll_lightning.rollout.episode import Episode, Turn
 
-if TYPE_CHECKING:  # the endpoint needs starlette and uvicorn; the command is plain config
+if TYPE_CHECKING:  # the endpoint imports starlette and uvicorn
     from roll_lightning.rollout.endpoint import AgentEndpoint
 
-STDERR_TAIL = 2000  # characters of a failed agent's stderr kept in the error
+STDERR_TAIL = 2000  # characters of a failed agent's stderr in its error
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts an endpoint may listen on without a token
 
 
@@ -37,14 +32,12 @@ class AgentCommand:
     Args:
         command: the program and its arguments.
         cwd: its working folder (None: the trainer's).
-        env: more environment variables for it.
-        deadline_s: how long an episode may take before the agent is killed and the episode fails.
-        task: what ``ROLL_TASK`` carries besides the seed, group and member.
-        listen: where the lane's chat endpoint listens (127.0.0.1: agents on this machine only; anywhere else
-            needs ``token``).
-        advertise: the host agents are told to reach it at (None: ``listen``), e.g. this machine's address when
-            it listens on 0.0.0.0.
-        token: the bearer token every call must carry (agents get it as ``OPENAI_API_KEY``).
+        env: extra environment variables.
+        deadline_s: seconds before the agent is killed.
+        task: extra ``ROLL_TASK`` fields.
+        listen: the chat endpoint's host; not loopback needs ``token``.
+        advertise: the host agents are given (None: ``listen``).
+        token: the bearer token every call must carry.
     """
 
     command: tuple[str, ...]
@@ -74,7 +67,7 @@ class AgentFailed(RuntimeError):
 
 
 async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episode: Episode) -> Episode:
-    """Play ``episode`` with one run of ``agent``; fill in its turns (one per call) and return it."""
+    """Play ``episode`` with one run of ``agent``: a turn per call."""
     key = endpoint.open()
     task = {**agent.task, "seed": episode.seed, "group": episode.group_index, "member": episode.member}
     env = {
@@ -95,8 +88,8 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
     except TimeoutError:
         raise AgentFailed("hung", f"still running after {agent.deadline_s} s: killed") from None
     finally:
-        if process.returncode is None:  # hung, or the episode was cancelled: the agent and its children go
-            with contextlib.suppress(ProcessLookupError):  # it may have exited just now
+        if process.returncode is None:  # hung or cancelled: kill its process group
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
         record = endpoint.finish(key)
@@ -107,13 +100,12 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
 
 
 def prompt_state(prompt_ids: list[int]) -> str:
-    """A call's state for GiGPO's step groups: its whole prompt, so members' calls that saw the same conversation
-    (the same task, the same replies so far) are compared with each other."""
+    """A call's GiGPO step state: its whole prompt, hashed."""
     return "prompt " + hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=12).hexdigest()
 
 
 def _filled(episode: Episode, record: AgentEpisode) -> Episode:
-    """The episode with one step row per call: its whole prompt, its reply; the reward on the last."""
+    """The episode with a turn per call, the reward on the last."""
     if not record.calls:
         raise AgentFailed("no_calls", "it exited without calling the model")
     if record.reward is None:

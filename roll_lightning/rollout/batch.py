@@ -1,14 +1,5 @@
-"""`RolloutBatch`: the training rows made from finished episodes (the contract with the training module).
-
-Layouts (``layout`` in the rollout config; `layout.Layout` makes the rows):
-- ``trajectory``: one row per episode: ``[prompt_1, reply_1, obs_2 ..., reply_2, ...]``; `response_mask`
-  marks every model-written token of every turn.
-- ``step``: one row per turn: that turn's full prompt + reply, with its ``step`` index and ``anchor``
-  observation (the state GiGPO groups steps by).
-
-Alignment: every ``[B, L]`` tensor is indexed by token position. ``behaviour_logprobs[b, t]`` is the engine's
-log-prob of token ``input_ids[b, t]`` (0 off the response), so the trainer's log-prob of the same token comes
-from the logits at ``t - 1``. Rows are right-padded to the longest row of the batch.
+"""`RolloutBatch`: training rows from finished episodes. ``behaviour_logprobs[b, t]`` is the engine's log-prob of
+``input_ids[b, t]`` (0 off the response), so the trainer's comes from the logits at ``t - 1``.
 """
 
 from __future__ import annotations
@@ -40,20 +31,12 @@ TENSOR_FIELDS = (
 
 @dataclass
 class RolloutBatch:
-    """Rows for one training step.
+    """Rows for one training step (`layout.Layout` makes them).
 
-    Tensors ``[B, L]``: input_ids, attention_mask, position_ids (0..n-1 over real tokens), response_mask (model
-    tokens), prompt_mask (tokens before the first reply), behaviour_logprobs, scores (each turn's env reward on
-    that turn's last reply token; a row's sum is its return).
-    Tensors ``[B]``: step_scores (the row's own turn reward; trajectory rows: their return), episode_scores (the
-    episode's return), step (turn index; trajectory rows: number of turns), policy_version (oldest weights in
-    the row).
-    Lists ``[B]``: traj_group_id (rows of one group share it: same seed), traj_id (one per episode), env_ids,
-    anchor (the observation the row's first reply answered).
-    ``episode_metrics``: one dict per *episode* (not row): success, return, turns, invalid_action_rate, ...
-    ``metrics``: the batch's rollout metrics under ``rollout/``, ``env/`` and ``timing/`` (set by the scheduler).
-    ``episodes``: the `Episode` records the rows came from (observations, reply texts, rewards per turn).
-    ``images``: per row, the pictures its vision tokens stand for, in order (empty rows for text; `vision`).
+    ``scores``: each turn's reward on its last reply token (a row sums to its return); ``step_scores`` and
+    ``step``: the row's turn reward and index (trajectory rows: return and turn count); ``policy_version``: the
+    oldest weights in the row; ``anchor``: the observation its first reply answered; ``episode_metrics``: one
+    dict per episode, not per row.
     """
 
     input_ids: torch.Tensor
@@ -74,7 +57,7 @@ class RolloutBatch:
     layout: Layout = TRAJECTORY
     episode_metrics: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    episodes: list[Episode] = field(default_factory=list, repr=False)  # the source episodes (dumps, debugging)
+    episodes: list[Episode] = field(default_factory=list, repr=False)  # for dumps and debugging
     images: list[tuple[PromptImage, ...]] = field(default_factory=list, repr=False)
 
     @property
@@ -92,7 +75,7 @@ class RolloutBatch:
         return self._replace({name: getattr(self, name).to(device) for name in TENSOR_FIELDS})
 
     def select(self, index: Sequence[int] | torch.Tensor) -> RolloutBatch:
-        """The rows at ``index`` (episode_metrics stay whole: they describe the rollout, not the rows)."""
+        """The rows at ``index`` (episode_metrics stay whole: they describe the rollout)."""
         idx = torch.as_tensor(index, dtype=torch.long)
         rows = idx.tolist()
         values: dict[str, Any] = {name: getattr(self, name)[idx] for name in TENSOR_FIELDS}
@@ -103,7 +86,7 @@ class RolloutBatch:
         return self._replace(values)
 
     def truncate(self, width: int) -> RolloutBatch:
-        """The same rows cut to their first ``width`` positions (rows are right-padded: drops padding)."""
+        """The rows cut to their first ``width`` positions (drops padding)."""
         two_d = {name for name in TENSOR_FIELDS if getattr(self, name).dim() == 2}
         return self._replace({name: getattr(self, name)[:, :width] for name in two_d})
 
@@ -113,7 +96,7 @@ class RolloutBatch:
 
 
 def collate(episodes: Sequence[Episode], layout: Layout | str, pad_id: int) -> RolloutBatch:
-    """Turn finished episodes into padded rows of the chosen layout (a `Layout` or its name)."""
+    """Padded rows of ``layout`` (a `Layout` or its name) from finished episodes."""
     layout = layout_named(layout)
     rows: list[Row] = [row for ep in episodes for row in layout.rows(ep)]
     if not rows:

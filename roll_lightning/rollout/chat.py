@@ -1,13 +1,5 @@
-"""Prompt rendering: chat messages → token ids, without tokenisation drift.
-
-Trajectory rows keep one growing token history per episode. Each new prompt segment is the *text delta* the
-chat template adds to the conversation (``render(messages + [user], gen_prompt) - text so far``), tokenised on
-its own; the engine's reply ids are appended as sampled, never re-tokenised. So the ids the trainer sees are
-exactly the ids the engine saw, and ``decode(ids) == render(conversation)`` holds character for character. A
-template that rewrites earlier turns (some reasoning templates drop old thoughts) breaks that prefix property;
-`TemplateDriftError` says so and points at the step layout, which re-renders the prompt every turn.
-Pictures ride along: each ``<image>`` marker of the text becomes its picture's vision-token run (`vision`), so
-there ``decode(ids)`` shows the run where the rendered text shows the marker.
+"""Prompt rendering without tokenisation drift: each prompt segment is the text the chat template adds, tokenised
+alone, and reply ids stay as sampled.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ DEFAULT_TURN_TEMPLATE = (
 
 
 class TemplateDriftError(ValueError):
-    """The chat template rendered an earlier part of the conversation differently on a later turn."""
+    """The chat template rendered an earlier turn differently on a later one."""
 
 
 @dataclass(frozen=True)
@@ -39,18 +31,13 @@ class PromptConfig:
 
     Args:
         system_prompt: the system message ("" = none).
-        turn_template: the user message of each turn; placeholders: ``{turn}`` (1-based), ``{observation}``,
+        turn_template: each turn's user message; placeholders ``{turn}`` (1-based), ``{observation}``,
             ``{actions_left}``, ``{action_format}``, ``{example_action}``, ``{max_new_tokens}``.
-        instruction_first_turn: put the env's instruction (from DescribeEnv) before the first turn's message.
-        history_turns: step rows only: how many past turns (observation + reply) the prompt shows; trajectory
-            rows always carry the whole episode.
-        reply_prefix: text that starts every assistant reply, e.g. ``"<answer>"``: its tokens end the prompt
-            (tokenised with the assistant header, so the model sees its natural tokens), are neither sampled nor
-            trained on, and stay in the conversation; the env receives prefix + reply.
-        tool_parser: how the model writes tool calls (`tool_calls`: ``hermes`` for Qwen2.5/Hermes-style
-            ``<tool_call>`` blocks, ``llama3_json``, ``mistral``, ``pythonic``, ``none``); used only with envs
-            that list tools, whose list the tokenizer's chat template renders, and whose results come back as
-            ``tool`` messages.
+        instruction_first_turn: put the env's instruction before the first turn's message.
+        history_turns: past turns a step row's prompt shows (trajectory rows hold the whole episode).
+        reply_prefix: text starting every reply, e.g. ``"<answer>"`` (prompt tokens; the env gets it too).
+        tool_parser: how the model writes tool calls (`tool_calls`): ``hermes``, ``llama3_json``, ``mistral``,
+            ``pythonic`` or ``none``.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -73,16 +60,13 @@ class PromptConfig:
 
     @property
     def reply_parser(self) -> ToolParser:
-        """The `tool_calls.ToolParser` that ``tool_parser`` names."""
         return tool_parser_named(self.tool_parser)
 
 
 def render(
     tokenizer: Any, messages: list[dict[str, str]], *, generation_prompt: bool, tools: list[dict] | None = None
 ) -> str:
-    """The chat template's text of ``messages``. With ``tools``, the template's own rendering of the tool list;
-    a template that ignores ``tools`` (SmolLM2's) gets the list in its system turn, in the Hermes format the
-    ``hermes`` parser reads (`TOOLS_SYSTEM`)."""
+    """The chat template's text of ``messages``; tools go in the system turn when the template ignores them."""
     if tools and not renders_tools(tokenizer):
         messages = with_tools_in_system(messages, tools)
         tools = None
@@ -97,11 +81,11 @@ TOOLS_SYSTEM = (
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}'
     "\n</tool_call>"
 )
-_RENDERS_TOOLS: dict[str, bool] = {}  # chat template text -> whether it shows a tool list it is given
+_RENDERS_TOOLS: dict[str, bool] = {}
 
 
 def renders_tools(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template shows the ``tools`` it is given (checked once per template)."""
+    """Whether the chat template renders ``tools`` (probed once per template)."""
     template = str(getattr(tokenizer, "chat_template", "") or "")
     if template not in _RENDERS_TOOLS:
         probe = [{"type": "function", "function": {"name": "probe_tool_4e1f", "description": "", "parameters": {}}}]
@@ -113,7 +97,7 @@ def renders_tools(tokenizer: Any) -> bool:
 
 
 def with_tools_in_system(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[str, str]]:
-    """``messages`` with the tool list (`TOOLS_SYSTEM`) ending the system message, or as one of its own."""
+    """``messages`` with the tool list ending the system message, or as one."""
     listing = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": f"{messages[0]['content']}\n\n{listing}"}, *messages[1:]]
@@ -126,7 +110,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 @dataclass
 class TokenHistory:
-    """One conversation as token ids plus the exact text those ids stand for (and the pictures, in order)."""
+    """One conversation as token ids, their exact text and its pictures."""
 
     tokenizer: Any
     messages: list[dict[str, str]] = field(default_factory=list)
@@ -134,18 +118,15 @@ class TokenHistory:
     text: str = ""
     encoder: ImageEncoder | None = None
     images: list[PromptImage] = field(default_factory=list)
-    tools: list[dict] | None = None  # the env's tools, rendered by the chat template (None: a text env)
+    tools: list[dict] | None = None  # None: an env without tools
 
     def add_user(self, content: str, reply_prefix: str = "", images: Sequence[PromptImage] = ()) -> Prompt:
-        """`add_messages` of one user message."""
         return self.add_messages([{"role": "user", "content": content}], reply_prefix, images)
 
     def add_messages(
         self, messages: list[dict[str, str]], reply_prefix: str = "", images: Sequence[PromptImage] = ()
     ) -> Prompt:
-        """Append messages (tool results, then the user's, holding one ``<image>`` marker per picture of
-        ``images``), the assistant header and ``reply_prefix``; return the ids this added (the prompt delta) with
-        those pictures."""
+        """Append ``messages``, the assistant header and ``reply_prefix``; return the ids added."""
         self.messages.extend(messages)
         full = render(self.tokenizer, self.messages, generation_prompt=True, tools=self.tools)
         if not full.startswith(self.text):
@@ -163,8 +144,7 @@ class TokenHistory:
         return ids
 
     def add_reply(self, token_ids: list[int], stop_ids: set[int], reply_prefix: str = "") -> str:
-        """Append the engine's reply ids as they are; return the assistant message (``reply_prefix`` + the reply,
-        stop token excluded)."""
+        """Append the reply ids as sampled; return the assistant message."""
         self.ids.extend(token_ids)
         reply_text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
         content = reply_prefix + reply_body(self.tokenizer, token_ids, stop_ids)
@@ -174,7 +154,7 @@ class TokenHistory:
 
 
 def reply_body(tokenizer: Any, token_ids: list[int], stop_ids: set[int]) -> str:
-    """A reply's text as the conversation keeps it: its stop token (eos) left out, special tokens kept."""
+    """A reply's text without its stop token."""
     body = token_ids[:-1] if token_ids and token_ids[-1] in stop_ids else token_ids
     return tokenizer.decode(body, skip_special_tokens=False)
 
@@ -187,7 +167,6 @@ def fresh_prompt(
     encoder: ImageEncoder | None = None,
     tools: list[dict] | None = None,
 ) -> Prompt:
-    """The ids of a whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows), with the pictures
-    its markers stand for."""
+    """A whole prompt rendered from scratch, ending with ``reply_prefix`` (step rows)."""
     text = render(tokenizer, messages, generation_prompt=True, tools=tools) + reply_prefix
     return Prompt(tokenize(tokenizer, text, images, encoder), images)

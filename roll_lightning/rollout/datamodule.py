@@ -1,12 +1,5 @@
-"""`RolloutDataModule`: the rollout as a Lightning DataModule.
-
-Each rank owns an env pool, an engine and a `RolloutScheduler`, all living on one asyncio loop in a background
-thread; the training loop pulls batches through an infinite `IterableDataset` (``num_workers=0``: a forked
-DataLoader worker would not have the loop thread). Ranks play disjoint groups (rank r of W plays groups
-r, r+W, ...), so nothing needs a sampler. Callbacks reach the engine and the scheduler through `call`.
-
-The loop, its thread and the SIGTERM bridge are `loop.RolloutLoop`: SIGTERM (or Ctrl-C) abandons the rollout in
-flight instead of waiting for it, and ``--ckpt_path last`` plays its groups again.
+"""`RolloutDataModule`: the rollout as a Lightning DataModule, on its own asyncio loop thread (`loop.RolloutLoop`;
+hence ``num_workers=0``).
 """
 
 from __future__ import annotations
@@ -56,16 +49,13 @@ class RolloutDataModule(L.LightningDataModule):
     ) -> None:
         """
         Args:
-            model: local model folder the engine generates with (and whose tokenizer renders prompts).
-            rollout: how episodes are collected (env, groups, batch size, staleness, layout, sampling, ...).
+            model: local model folder (engine and tokenizer).
+            rollout: how episodes are collected.
             envs: where the env servers are.
-            engine: which generation engine, and its settings.
-            colocate: generation and training share the accelerator: the engine sleeps while the policy trains.
-                False (disaggregated): generation goes on during training, bounded by rollout.max_staleness.
-                ``partial`` (partial overlap, ROLL's shrink/expand): the replicas on the training device
-                (``train`` in ``engine.devices``) step aside for each update while the others keep generating,
-                bounded by rollout.max_staleness; they come back with the new weights.
-            evaluation: held-out evaluation episodes (``validate``; ``trainer.val_check_interval`` during fit).
+            engine: the generation engine.
+            colocate: true: the engine sleeps during updates; false: it keeps generating (within
+                rollout.max_staleness); ``partial``: only its ``train`` replicas step aside.
+            evaluation: held-out evaluation episodes.
         """
         super().__init__()
         self.model = model
@@ -78,11 +68,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.rollout = rollout
         self.envs = envs
         self.engine_config = engine
-        evaluation.rollout(rollout)  # checked now: a bad evaluation list fails before anything starts
+        evaluation.rollout(rollout)  # fails now on a bad evaluation list
         self.engine: GenerationEngine | None = None
         self.scheduler: RolloutScheduler | None = None
         self.tokenizer: Any = None
-        self.vision: ImageEncoder | None = None  # the model's image encoder; None for a text-only model
+        self.vision: ImageEncoder | None = None  # None: a text-only model
         self.servers: EnvServers | None = None
         self.loop: RolloutLoop | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -110,9 +100,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     async def _start(self, rank: int, world: int) -> None:
         self.servers = EnvServers(self.envs, [*self.rollout.lanes, *self.eval_lanes()])
-        await self.servers.start(self.tokenizer, self.vision)  # env ids, configs, endpoints, budgets: all checked here
-        # Engines load models: off the loop, so env health checks keep running meanwhile.
-        placement: dict[str, Any] = {}  # where this rank's engines go (no trainer: one process, the default)
+        await self.servers.start(self.tokenizer, self.vision)  # checks env ids, configs, endpoints, budgets
+        placement: dict[str, Any] = {}  # no trainer: the defaults
         if self._has_trainer():
             trainer = self.trainer
             placement = {
@@ -120,6 +109,7 @@ class RolloutDataModule(L.LightningDataModule):
                 "local_rank": trainer.local_rank,
                 "local_world_size": trainer.num_devices,
             }
+        # off the loop: health checks go on meanwhile
         self.engine = await asyncio.to_thread(build_engine, self.engine_config, self.model, **placement)
         pools = self.servers.pools_for(self.rollout.lanes)
         self.scheduler = RolloutScheduler(
@@ -132,18 +122,18 @@ class RolloutDataModule(L.LightningDataModule):
 
     @property
     def eval_rollout(self) -> RolloutConfig:
-        """The evaluation as a rollout config (groups of one over the held-out envs)."""
+        """The evaluation as a rollout config (groups of one)."""
         return self.evaluation.rollout(self.rollout)
 
     def eval_lanes(self) -> list[LaneSpec]:
-        """The held-out envs, each named by the config key that defines it (for messages)."""
+        """The held-out envs, each named by its config key."""
         lanes = self.eval_rollout.lanes
         if self.evaluation.envs:
             return [replace(lane, key=f"data.evaluation.envs[{i}]") for i, lane in enumerate(lanes)]
         return [replace(lane, key=train.key) for lane, train in zip(lanes, self.rollout.lanes, strict=True)]
 
     def on_exception(self, exception: BaseException) -> None:
-        """Lightning skips `teardown` when a run fails or is interrupted: stop the servers and the engine anyway."""
+        """Lightning skips `teardown` when a run fails: tear down anyway."""
         self.teardown("exception")
 
     def teardown(self, stage: str) -> None:
@@ -151,7 +141,7 @@ class RolloutDataModule(L.LightningDataModule):
             return
         try:
             self.call(self._stop(), timeout=120)
-        except Exception:  # teardown must finish even after a failed run
+        except Exception:  # must finish even after a failed run
             log.exception("rollout teardown")
         self.loop.close()
         self.loop = None
@@ -170,8 +160,7 @@ class RolloutDataModule(L.LightningDataModule):
             await self.servers.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, interruptible: bool = False) -> T:
-        """Run a coroutine on the rollout loop from any other thread and wait for its result
-        (`RolloutLoop.call`; ``interruptible``: SIGTERM cancels it)."""
+        """Run ``coro`` on the rollout loop and wait (`RolloutLoop.call`)."""
         if self.loop is None:
             coro.close()
             raise RuntimeError("the rollout is not set up (call setup() first)")
@@ -180,19 +169,17 @@ class RolloutDataModule(L.LightningDataModule):
     # -- data ----------------------------------------------------------------------------------------
 
     def next_batch(self) -> RolloutBatch:
-        """Block until the next batch of complete groups is ready (what the training loop pulls)."""
+        """Block until the next batch of complete groups is ready."""
         if self.scheduler is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
         try:
             return self._every_rank_or_none(self.scheduler.get_batch())
         except (EnvOutage, EpisodesKeepFailing):
-            self._log_fault_totals()  # the run ends here: its fault counts must still reach the metrics
+            self._log_fault_totals()  # the run ends: log its fault counts first
             raise
 
     def _every_rank_or_none(self, rollout: Coroutine[Any, Any, T]) -> T:
-        """Run a rollout (interruptible: a signal abandons it) and, with several ranks, agree with the others
-        whether to use its batch: if any rank is stopping or failed, every rank raises here, at the same step
-        (`WorldStop`)."""
+        """Run a rollout; with several ranks, all raise here at the same step if any is stopping or failed."""
         assert self.loop is not None
         stop = self.loop.world_stop
         try:
@@ -232,7 +219,7 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_EvalOnce(self), batch_size=None, num_workers=0)
 
     def evaluate(self) -> RolloutBatch:
-        """Play the held-out evaluation episodes once (the same starts every time) with the current weights."""
+        """Play the held-out episodes (the same starts every time)."""
         if self.servers is None or self.engine is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
         rank, world = self._rank_world()
@@ -263,7 +250,7 @@ class RolloutDataModule(L.LightningDataModule):
     # -- checkpoints ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's position in its group sequence (gathered: each rank plays its own groups)."""
+        """Every rank's position in its group sequence."""
         if self.scheduler is not None:
             state = self.scheduler.state_dict()
         elif self._pending_state is not None:
@@ -299,15 +286,14 @@ class RolloutDataModule(L.LightningDataModule):
 
 
 class SetUpRollout(RolloutDataModule):
-    """A `RolloutDataModule` after `setup`: what the callbacks see through `rollout_of` (for type checkers)."""
+    """A `RolloutDataModule` after `setup` (for type checkers)."""
 
     engine: GenerationEngine
     scheduler: RolloutScheduler
 
 
 def rollout_of(trainer: L.Trainer) -> SetUpRollout | None:
-    """The run's rollout, set up: the one seam the callbacks reach the engine and the scheduler through. None
-    when the run's data is not a rollout (fixed batches in tests and benchmarks) or before `setup`."""
+    """The run's set-up rollout (the callbacks' way to the engine), or None."""
     data = trainer.datamodule
     if isinstance(data, RolloutDataModule) and data.engine is not None and data.scheduler is not None:
         return data  # type: ignore[return-value]
@@ -315,7 +301,7 @@ def rollout_of(trainer: L.Trainer) -> SetUpRollout | None:
 
 
 def check_partial(engine: EngineConfig) -> None:
-    """``data.colocate: partial`` needs replicas on the training device and replicas elsewhere."""
+    """``data.colocate: partial`` needs replicas on the training device and elsewhere."""
     devices = engine.devices or []
     if TRAIN not in devices or all(entry == TRAIN for entry in devices):
         raise RolloutConfigError(
@@ -325,11 +311,8 @@ def check_partial(engine: EngineConfig) -> None:
 
 
 class _RolloutStream(IterableDataset[RolloutBatch]):
-    """An endless stream of rollout batches (the run's length is the trainer's ``max_steps``).
-
-    Lightning fetches one batch ahead unless ``training_step`` takes ``dataloader_iter``; an on-policy module
-    must take it, or the next batch is generated before this step's weights reach the engine.
-    """
+    """An endless stream of rollout batches; an on-policy ``training_step`` must take ``dataloader_iter``, or
+    Lightning fetches the next batch before this step's weights reach the engine."""
 
     def __init__(self, datamodule: RolloutDataModule) -> None:
         self.datamodule = datamodule
@@ -340,8 +323,6 @@ class _RolloutStream(IterableDataset[RolloutBatch]):
 
 
 class _EvalOnce(IterableDataset[RolloutBatch]):
-    """One batch: the evaluation episodes."""
-
     def __init__(self, datamodule: RolloutDataModule) -> None:
         self.datamodule = datamodule
 

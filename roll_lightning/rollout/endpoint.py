@@ -1,17 +1,5 @@
-"""The policy as an OpenAI-compatible chat endpoint, for agent programs trained as they are.
-
-An agent talks to ``POST {base}/episodes/{key}/v1/chat/completions``: the episode key is a path segment, so an
-agent needs nothing but a base URL (``url(key)``, which the OpenAI SDKs take as ``base_url``); it reports its
-reward, once, to ``POST {base}/episodes/{key}/reward`` (``{"reward": 1.0, "metrics": {"success": 1.0}}``). Each call is
-answered by the rollout engine and recorded (`agent_record`): prompt and reply token ids, log-probs and the
-policy version. A call that extends the episode's conversation keeps its tokens exactly (token in, token out);
-one that does not starts a new segment.
-
-Errors are OpenAI-style (``{"error": {"message", "type", "param", "code"}}``) and touch no other episode: a
-malformed request is 400 naming the field, a missing or wrong token 401, an unknown or finished episode 404, a
-prompt over the context budget or a body over the size limit 413, a second reward 409. The server listens on
-127.0.0.1 by default; bound elsewhere it requires a token (``Authorization: Bearer <token>``, the SDKs'
-``api_key``).
+"""The policy as an OpenAI-compatible chat endpoint for agent programs (docs/agents.md); each call is answered by
+the rollout engine and recorded (`agent_record`).
 """
 
 from __future__ import annotations
@@ -40,17 +28,15 @@ ROLES = ("system", "user", "assistant", "tool")
 @dataclass(frozen=True)
 class EndpointConfig:
     """Args:
-    host: where to listen (127.0.0.1: this machine only); anywhere else needs ``token``.
-    advertise: the host in the URLs handed to agents (None: ``host``), e.g. this machine's address when it
-        listens on 0.0.0.0.
+    host: where to listen; not loopback needs ``token``.
+    advertise: the host agents are given (None: ``host``).
     port: 0 picks a free one.
-    token: the bearer token every call must carry (None: none, loopback only).
+    token: the bearer token every call must carry (None: loopback only).
     max_context_tokens: the most tokens a prompt plus its reply may take.
-    max_tokens: the reply budget when a call names none, and the most it may ask for.
+    max_tokens: a call's default and largest reply budget.
     max_body_bytes: the largest request body.
     tool_parser: how replies are read into tool calls (`tool_calls`).
-    temperature: when set (a training run: its sampling temperature), every call is sampled at it with top_p 1,
-        whatever it asks, so the trainer's log-probs describe the distribution the replies came from.
+    temperature: set in training: every call is sampled at it, with top_p 1.
     """
 
     host: str = "127.0.0.1"
@@ -70,7 +56,7 @@ class EndpointConfig:
 
 
 class RequestError(Exception):
-    """An OpenAI-style error answer: the HTTP status, a message, the field it is about."""
+    """An OpenAI-style error answer."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
         super().__init__(message)
@@ -101,7 +87,7 @@ class AgentEndpoint:
         self.base = ""
 
     async def start(self) -> str:
-        """Listen (on the running loop); return the base URL."""
+        """Listen on the running loop; return the base URL."""
         import uvicorn
 
         c = self.config
@@ -136,15 +122,15 @@ class AgentEndpoint:
         return lock is not None and lock.locked()
 
     def url(self, key: str) -> str:
-        """The base URL an agent of episode ``key`` gives its OpenAI client."""
+        """An episode's OpenAI base URL."""
         return f"{self.base}/episodes/{key}/v1"
 
     def reward_url(self, key: str) -> str:
-        """Where an agent of episode ``key`` reports its reward."""
+        """Where an episode's agent reports its reward."""
         return f"{self.base}/episodes/{key}/reward"
 
     def finish(self, key: str) -> AgentEpisode:
-        """Close an episode (later calls are 404) and return its record; the endpoint keeps nothing of it."""
+        """Close an episode (later calls get 404) and return its record."""
         episode = self.episodes.pop(key)
         self._locks.pop(key, None)
         episode.finished = True
@@ -160,7 +146,7 @@ class AgentEndpoint:
             return error.response()
 
     async def _reward(self, request: Request) -> JSONResponse:
-        """``{"reward": number, "metrics": {name: number}}``: the agent's verdict on its episode, once."""
+        """``{"reward": number, "metrics": {name: number}}``, once per episode."""
         try:
             self._authorise(request)
             episode = self._episode(request)
@@ -224,7 +210,7 @@ class AgentEndpoint:
                 policy_version=generation.policy_version,
                 finish_reason=generation.finish_reason,
             )
-            episode.record(plan, call, self.stop_ids, reply)  # before the answer is sent: a client gone is fine
+            episode.record(plan, call, self.stop_ids, reply)  # before answering: a vanished client loses nothing
         finish = "tool_calls" if reply.get("tool_calls") else generation.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}
         if want_logprobs:
@@ -291,8 +277,7 @@ class AgentEndpoint:
 def _assistant_message(
     tokenizer: Any, parser: ToolParser, token_ids: list[int], stop_ids: set[int], has_tools: bool
 ) -> dict[str, Any]:
-    """The reply as an OpenAI assistant message: its text, and the tool calls the parser finds in it (their
-    blocks left in the text, so the conversation the agent sends back renders to the tokens sampled)."""
+    """The reply as an OpenAI message; tool-call blocks stay in the text, so it renders back to the sampled tokens."""
     text = reply_body(tokenizer, token_ids, stop_ids)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     calls = parser.parse(text) if has_tools else []

@@ -1,23 +1,5 @@
-"""Dynamic sampling: group filters that keep updates from being spent on groups that teach nothing.
-
-A group whose members all scored the same gets advantage 0 on every row under a group-normalised estimator
-(GRPO, and GiGPO's episode term): its rollout and its forward/backward pass buy nothing. A filter decides, as
-complete groups arrive for a batch, which ones the batch keeps; the scheduler replaces a rejected group with a
-new one (a new seed), within a bound.
-
-- ``zero_variance`` (DAPO's dynamic sampling, verl-agent's ``filter_groups``): reject a group whose scores
-  spread (max - min) by at most ``tolerance``; refill, at most ``max_extra_groups`` extra groups per batch.
-- ``top_p_variance`` (RAGEN-2's variance filter, the fixed-fraction variant): play ``ceil(G / keep_fraction)``
-  groups for a batch of ``G`` and keep the ``G`` with the largest score spread (their standard deviation). The
-  cost is known in advance (``1 / keep_fraction`` rollouts per kept group) and nothing waits on luck. RAGEN-2's
-  SNR-adaptive variant, which picks the fraction from the measured signal, is not implemented: the fixed fraction
-  is predictable on a CPU budget and is what their ablations sweep.
-
-When the bound is hit before ``G`` groups pass (nothing carries signal), the batch is completed with the
-rejected groups of largest spread ("least bad"), so every batch has ``G`` groups and every rank the same
-shape; a batch that then has no signal at all is skipped by the update (`AgentRLModule`), not trained on.
-A group's score is its episodes' return (the sum of their rewards), the quantity GRPO normalises. Ties are
-broken by group index, never by arrival order, so a resumed run chooses as the uninterrupted one did.
+"""Dynamic sampling: group filters keep updates from being spent on flat groups (advantage 0). Ties break by group
+index, not arrival order, so a resumed run chooses the same.
 """
 
 from __future__ import annotations
@@ -39,15 +21,11 @@ class GroupFilterConfig:
     """Which groups a batch keeps (``data.rollout.group_filter``).
 
     Args:
-        kind: ``none`` (keep every complete group), ``zero_variance`` (drop groups whose members all scored the
-            same, and refill) or ``top_p_variance`` (over-sample, keep the fraction ``keep_fraction`` with the largest
-            score spread).
-        tolerance: ``zero_variance``: a group whose scores spread by at most this much counts as flat.
-        keep_fraction: ``top_p_variance``: the fraction of played groups kept, in (0, 1] (RAGEN-2's ``top_p``; not
-            the sampling ``top_p``).
-        max_extra_groups: ``zero_variance``: groups played per batch to replace rejected ones, at most (None =
-            as many as the batch holds, so a batch costs at most twice its rollout); then the batch is completed
-            with the least flat rejected groups (never a hang, never an error).
+        kind: ``none``, ``zero_variance`` (drop flat groups and refill) or ``top_p_variance`` (over-sample, keep
+            the largest score spread).
+        tolerance: the largest score spread (max - min) that counts as flat.
+        keep_fraction: ``top_p_variance``: the share of played groups kept (not the sampling top_p).
+        max_extra_groups: ``zero_variance``: replacement groups per batch, at most (None: one batch's worth).
     """
 
     kind: FilterKind = "none"
@@ -74,7 +52,6 @@ class GroupFilterConfig:
             raise RolloutConfigError(f"{key}.max_extra_groups must be >= 0, got {self.max_extra_groups}")
 
     def build(self) -> GroupFilter:
-        """The filter object for this config: chosen once, here."""
         if self.kind == "zero_variance":
             return ZeroVarianceFilter(self.tolerance, self.max_extra_groups)
         if self.kind == "top_p_variance":
@@ -87,31 +64,29 @@ def scores(group: Group) -> list[float]:
 
 
 def spread(group: Group) -> float:
-    """max - min of the members' scores (0 for a flat group)."""
     values = scores(group)
     return max(values) - min(values) if values else 0.0
 
 
 class GroupFilter:
-    """Keeps every group (``kind: none``); the base of the others. One instance serves a whole run."""
+    """Keeps every group (``kind: none``); the base of the others."""
 
     def __init__(self, tolerance: float = 1e-6) -> None:
         self.tolerance = tolerance
 
     def to_play(self, needed: int) -> int:
-        """Groups to collect before choosing (more than ``needed`` when the filter over-samples)."""
+        """Groups to collect before choosing."""
         return needed
 
     def max_extra(self, needed: int) -> int:
-        """Replacement groups a batch may play beyond ``to_play`` before it is completed as it is."""
+        """Replacement groups a batch may play beyond ``to_play``."""
         return 0
 
     def accepts(self, group: Group) -> bool:
-        """Decide on one complete group as it arrives."""
         return True
 
     def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
-        """The batch's ``needed`` groups from everything collected, and the rest (which are filtered)."""
+        """The batch's ``needed`` groups, and the rest (filtered)."""
         ranked = list(kept) + sorted(rejected, key=lambda g: (-spread(g), g.index))  # least flat rejected first
         return ranked[:needed], ranked[needed:]
 
@@ -145,7 +120,7 @@ class TopPVarianceFilter(GroupFilter):
 
 
 class GroupSelection:
-    """The groups collected for one batch, as they arrive: what the batch keeps, and whether to play more."""
+    """The groups collected for one batch."""
 
     def __init__(self, group_filter: GroupFilter, needed: int) -> None:
         self.filter, self.needed = group_filter, needed
@@ -159,8 +134,7 @@ class GroupSelection:
 
     @property
     def missing(self) -> int:
-        """Groups still to collect: 0 once ``target`` groups passed the filter, or once the batch has played all
-        it may (``target + max_extra``; always at least ``needed``, so the batch can be completed)."""
+        """Groups still to collect (0 once ``target`` passed or the budget is spent)."""
         budget_left = self.target + self.max_extra - len(self.kept) - len(self.rejected)
         return max(0, min(self.target - len(self.kept), budget_left))
 
@@ -169,7 +143,7 @@ class GroupSelection:
         return self.filter.choose(self.kept, self.rejected, self.needed)
 
     def result(self) -> tuple[list[Group], list[Group], dict[str, float]]:
-        """``(batch groups, filtered groups, rollout/ metrics)`` of this selection alone."""
+        """``(batch groups, filtered groups, metrics)``."""
         chosen, filtered = self.choose()
         return chosen, filtered, filter_metrics(self.filter, chosen, filtered, self.needed)
 
@@ -177,14 +151,14 @@ class GroupSelection:
 def filter_metrics(
     group_filter: GroupFilter, chosen: Sequence[Group], filtered: Sequence[Group], needed: int
 ) -> dict[str, float]:
-    """``rollout/`` metrics of one batch's selection (over every env of the batch)."""
+    """``rollout/`` metrics of one batch's selection."""
     collected = [*chosen, *filtered]
 
     def flat_share(groups: Sequence[Group]) -> float:
         return sum(group_filter.flat(g) for g in groups) / len(groups) if groups else 0.0
 
     metrics = {"rollout/flat_group_share": flat_share(chosen)}
-    if type(group_filter) is not GroupFilter:  # without a filter these would read 0, 0 and the share again
+    if type(group_filter) is not GroupFilter:  # without a filter: 0, 0 and the same share
         metrics["rollout/groups_filtered"] = float(len(filtered))
         metrics["rollout/extra_groups"] = float(len(collected) - needed)
         metrics["rollout/flat_group_share_before_filter"] = flat_share(collected)

@@ -1,12 +1,5 @@
-"""`GenerationGate`: every reply an episode asks for passes here, so generation can be held for a weight load or
-an engine sleep, and no reply comes from half-loaded weights.
-
-`close` (the scheduler's suspend) stops new replies. What happens to the ones in flight is
-``data.rollout.on_suspend``: ``wait`` waits for them to finish; ``abort`` cancels them (each engine call runs as
-its own task, so only the request is cancelled, never the episode) and returns at once, and `generate` asks each
-of those turns again, from the same prompt, once `open` is called, with the weights loaded meanwhile. An
-aborted reply is never returned, so no partial tokens reach an episode and the env is stepped once per turn,
-with a whole reply. Async and lock-step collection both generate through the gate.
+"""`GenerationGate`: every reply passes here, so generation can be held for a weight load or an engine sleep;
+``abort`` cancels replies in flight and asks them again on reopening.
 """
 
 from __future__ import annotations
@@ -23,14 +16,14 @@ class GenerationGate:
     def __init__(
         self, engine: GenerationEngine, on_suspend: Literal["wait", "abort"], counters: dict[str, float]
     ) -> None:
-        """``counters``: where ``turns_aborted`` (replies a `close` cancelled) is counted."""
+        """``counters``: gets ``turns_aborted``."""
         self.engine, self.on_suspend, self.counters = engine, on_suspend, counters
         self.counters.setdefault("turns_aborted", 0)
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight = 0
         self._requests: set[asyncio.Future[Generation]] = set()  # engine calls in flight (abort mode)
-        self._aborted: set[asyncio.Future[Generation]] = set()  # of those, the ones `close` cancelled
+        self._aborted: set[asyncio.Future[Generation]] = set()  # the ones `close` cancelled
         self._drained = asyncio.Event()
         self._drained.set()
 
@@ -40,11 +33,10 @@ class GenerationGate:
 
     @property
     def generating(self) -> int:
-        """Replies in flight now (requested from the engine, not yet answered)."""
         return self._in_flight
 
     async def close(self) -> None:
-        """Hold new replies; wait for, or (``abort``) cancel, the ones in flight. None is in flight on return."""
+        """Hold new replies; wait for, or (``abort``) cancel, the ones in flight."""
         self._open.clear()
         if self.on_suspend == "abort":
             for request in list(self._requests):
@@ -54,12 +46,11 @@ class GenerationGate:
         await self._drained.wait()
 
     def open(self) -> None:
-        """Let replies go on (aborted turns are asked again now)."""
+        """Let replies go on."""
         self._open.set()
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        """A whole reply from the engine, once the gate is open. A reply `close` cancelled is asked again, from
-        the same prompt, when the gate reopens (``extra["redone"]`` says how many times; 0 is left out)."""
+        """A whole reply once the gate is open; one `close` cancelled is asked again (``extra["redone"]`` counts)."""
         redone = 0
         while True:
             await self._open.wait()
@@ -77,14 +68,14 @@ class GenerationGate:
                     self._requests.discard(request)
                     aborted = request in self._aborted
                     self._aborted.discard(request)
-                    request.cancel()  # this call itself was cancelled (group dropped, turn deadline); else a no-op
+                    request.cancel()  # a no-op unless this call was cancelled (group dropped, deadline)
             finally:
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._drained.set()
             if not (aborted and request.cancelled()):
-                generation = request.result()  # the engine's own error (or a cancellation not ours) raises here
+                generation = request.result()  # the engine's error, or a cancellation not ours, raises
                 if redone:
                     generation = replace(generation, extra={**generation.extra, "redone": redone})
                 return generation
-            redone += 1  # cancelled by `close`: ask again once the gate reopens
+            redone += 1

@@ -1,14 +1,5 @@
-"""`GroupQueue`: collects episodes into groups and releases only complete, fresh groups.
-
-Every member of a group starts from the same seed, so a group-normalised advantage compares like with like;
-a group missing a member is never released (a failed group is dropped whole). Groups are released in the order
-they complete. A group whose oldest reply came from weights more than ``max_staleness`` policy versions ago is
-dropped when the version moves on (0 = strictly on-policy): `is_stale` is that rule, the one place it is written.
-
-When is a group dropped? Here, and only here: `GroupQueue.drop` (a member's retries ran out: ``failed``) and
-`GroupQueue.expire` / `is_stale` (``stale``). The policy version is the engine's: `WeightSync` sets it to the
-number of rollout steps trained after each load, and `RolloutScheduler.resume` expires what that made too stale;
-a group taken for a batch is checked once more against the version at that moment.
+"""`GroupQueue`: collects episodes into groups and releases only complete, fresh ones; groups are dropped only
+here (`drop`, `expire`).
 """
 
 from __future__ import annotations
@@ -21,18 +12,18 @@ from roll_lightning.rollout.episode import Episode
 
 
 def is_stale(version: int, group_version: int, max_staleness: int) -> bool:
-    """Whether a group whose oldest reply came from ``group_version`` is too old to train the policy at
-    ``version`` on: more than ``max_staleness`` versions behind (0 = strictly on-policy)."""
+    """Whether a group whose oldest reply came from ``group_version`` is more than ``max_staleness`` versions
+    behind ``version`` (0: strictly on-policy)."""
     return version - group_version > max_staleness
 
 
 @dataclass
 class Group:
-    index: int  # global group index: fixes the seed and the resume position
+    index: int  # global: fixes the seed and the resume position
     seed: int
-    size: int  # members needed (the group may run more, see redundancy)
+    size: int  # members needed (more may run: group_redundancy)
     started_version: int
-    lane: int = 0  # which env of the run (its position in rollout.envs)
+    lane: int = 0  # position in rollout.envs
     episodes: list[Episode] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False  # released or dropped
@@ -48,9 +39,8 @@ class Group:
 
 
 class GroupQueue:
-    """Groups of one lane, running or complete. ``in_start_order``: `take` releases the oldest started groups
-    (waiting for them to complete) instead of the first to complete, so no group outlives the staleness bound
-    (``data.rollout.staleness: admit``)."""
+    """Groups of one lane; ``in_start_order`` (``staleness: admit``): release the oldest started first, so none
+    goes stale."""
 
     def __init__(self, max_staleness: int, in_start_order: bool = False) -> None:
         if max_staleness < 0:
@@ -67,7 +57,7 @@ class GroupQueue:
         self.live[group.index] = group
 
     def put(self, index: int, episode: Episode) -> bool:
-        """Add a finished episode; True when it completed its group (the caller cancels redundant members)."""
+        """Add a finished episode; True when it completed its group."""
         group = self.live.get(index)
         if group is None or group.finished or group.complete:
             return False
@@ -90,19 +80,18 @@ class GroupQueue:
         return group
 
     def expire(self, version: int) -> list[Group]:
-        """Drop every group (running or complete) that is already too stale for ``version``."""
+        """Drop every group already too stale for ``version``."""
         stale = [g for g in self.live.values() if is_stale(version, g.policy_version, self.max_staleness)]
         return [g for g in (self.drop(g.index, "stale") for g in stale) if g is not None]
 
     def fail(self, error: BaseException) -> None:
-        """Make every waiting and later `take` raise ``error`` (the rollout cannot go on)."""
+        """Make every waiting and later `take` raise ``error``."""
         if self.error is None:
             self.error = error
         self._changed.set()
 
     async def take(self, n_groups: int) -> list[Group]:
-        """Wait for ``n_groups`` complete groups and release them (the first to complete, or the oldest started
-        with ``in_start_order``); raises what `fail` recorded."""
+        """Wait for ``n_groups`` complete groups and release them; raises what `fail` recorded."""
         while not self._releasable(n_groups):
             if self.error is not None:
                 raise self.error

@@ -1,9 +1,4 @@
-"""The scheduler's per-env state: one `LaneState` per env of the run (one in the single-env form).
-
-Each lane has its own sequence of groups (seeds and resume position), its own queue of complete groups and its
-own demand, so every batch holds exactly each env's share and a resume replays each env exactly; lanes share
-the engine and the running slots.
-"""
+"""The scheduler's per-env state: each env's own groups, queue and demand."""
 
 from __future__ import annotations
 
@@ -17,10 +12,8 @@ from roll_lightning.rollout.tags import LaneSpec
 
 @dataclass(eq=False)
 class LaneState:
-    """One env of the scheduler: its settings, servers, group sequence, queue and open demand."""
-
     spec: LaneSpec
-    position: int  # index in the run's env list (a group's ``lane``)
+    position: int  # a group's ``lane``
     pool: EnvPool | None  # None: an agent lane (its episodes need no env server)
     queue: GroupQueue
     sequence: GroupSequence = field(default_factory=GroupSequence)
@@ -32,15 +25,14 @@ class LaneState:
         return self.spec.tag
 
     def in_outage(self) -> bool:
-        """True while no healthy endpoint serves this lane's env (new sessions wait for one)."""
+        """True while no healthy endpoint serves this lane's env."""
         return self.pool is not None and not self.pool.healthy_endpoints(self.spec.env_id)
 
 
 def lane_states(
     lanes: tuple[LaneSpec, ...], pools: EnvPool | dict[str, EnvPool], max_staleness: int, in_start_order: bool = False
 ) -> list[LaneState]:
-    """A `LaneState` per lane; ``pools``: one pool for every lane, or one per tag; ``in_start_order``: the queues
-    release the oldest started groups first (`GroupQueue`)."""
+    """A `LaneState` per lane; ``pools``: one for every lane, or one per tag."""
     if isinstance(pools, EnvPool):
         pools = {lane.tag: pools for lane in lanes}
     missing = [lane.tag for lane in lanes if lane.tag not in pools and lane.agent is None]

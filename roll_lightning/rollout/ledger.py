@@ -1,12 +1,4 @@
-"""`GroupLedger`: which groups a rank plays, with which seeds, and what a resume must play again.
-
-Rank r of W plays each env's groups r, r+W, r+2W, ... (its *local* numbers 0, 1, 2, ... times W plus r), and a
-group's env seed is a pure function of the run seed, its global index and its env (`group_seed`), so a resume
-and every rank agree without talking. Per env, a `GroupSequence` remembers which local numbers were started and
-which were settled (consumed by a batch, filtered out, or dropped). A resume plays exactly the started but
-unsettled ones again, first, then goes on: no group is skipped or played twice. That sequence is the rollout's
-part of a checkpoint (`state_dict`).
-"""
+"""`GroupLedger`: which groups a rank plays (r, r+W, ...), with which seeds, and what a resume plays again."""
 
 from __future__ import annotations
 
@@ -24,22 +16,15 @@ Split = Literal["train", "eval"]
 
 
 def group_seed(run_seed: int, group_index: int, split: Split = "train", salt: int | None = None) -> int:
-    """The env seed of group ``group_index``: a pure function of the run seed, so resume and ranks agree.
-
-    Training seeds are even and evaluation seeds odd, so evaluation always plays starts training never saw.
-    ``salt`` (a tag's, see `tags.salt`) gives each env of a multi-env run its own seeds.
-    """
+    """Group ``group_index``'s env seed: even for training, odd for evaluation; ``salt`` separates a run's envs."""
     entropy = [run_seed, group_index] if salt is None else [run_seed, salt, group_index]
     value = int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFF_FFFF)
     return value | 1 if split == "eval" else value & ~1
 
 
 class GroupSequence:
-    """Which local group numbers an env has started and settled (consumed or dropped).
-
-    Every number below the watermark is settled; ``settled_above`` holds the settled ones above it. A resume
-    restarts exactly the started-but-unsettled numbers, then continues: nothing is skipped or played twice.
-    """
+    """An env's local group numbers, started and settled (consumed, filtered or dropped); a resume replays the
+    unsettled ones first."""
 
     def __init__(self) -> None:
         self.next_local = 0
@@ -48,7 +33,7 @@ class GroupSequence:
         self.restart: deque[int] = deque()
 
     def take(self) -> int:
-        """The next local group number to play (replays after a resume come first)."""
+        """The next local group number to play (replays first)."""
         if self.restart:
             return self.restart.popleft()
         self.next_local += 1
@@ -77,17 +62,16 @@ class GroupLedger:
         self.batches = 0  # batches handed out (kept in the checkpoint)
 
     def new_group(self, lane: LaneState, size: int, version: int) -> Group:
-        """The lane's next group (a replay after a resume first), started at policy ``version``."""
+        """The lane's next group, started at policy ``version``."""
         index = lane.sequence.take() * self.world_size + self.rank
         seed = group_seed(self.seed, index, self.split, lane.spec.seed_salt)
         return Group(index, seed, size, version, lane=lane.position)
 
     def settle(self, group: Group) -> None:
-        """``group`` is consumed or dropped: a resume never plays it again."""
+        """``group`` is consumed or dropped: never played again."""
         self.lanes[group.lane].sequence.settle(group.index // self.world_size)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is in its sequence of groups, per env tag."""
         return {
             "lanes": {lane.tag: lane.sequence.state_dict() for lane in self.lanes},
             "batches": self.batches,
@@ -101,7 +85,7 @@ class GroupLedger:
                 f"rollout state was saved with seed={state.get('seed')}, world_size={state.get('world_size')}; "
                 f"this run has seed={self.seed}, world_size={self.world_size}"
             )
-        saved = state["lanes"] if "lanes" in state else {self.lanes[0].tag: state}  # before tags: one sequence
+        saved = state["lanes"] if "lanes" in state else {self.lanes[0].tag: state}  # an older, untagged checkpoint
         tags = [lane.tag for lane in self.lanes]
         if sorted(saved) != sorted(tags):
             raise ValueError(

@@ -1,13 +1,7 @@
 """Lock-step collection: every episode of a batch takes turn k before any takes turn k+1.
 
-This is the classic collector (verl-agent's loop, the seed's `lockstep` baseline): reset all, then repeatedly
-generate for all live episodes together and step all envs together, so generation waits for the slowest env
-and envs wait for the longest reply. It exists for debugging (a turn is a clean barrier) and as the
-benchmark baseline. A group with a failed member is dropped and replaced in the next round (no replays); while
-every env endpoint is down such drops do not count towards the failed-groups limit, and the next round's
-sessions wait for an endpoint (`EnvPool.open`), whose `EnvOutage` ends the run. Replies go through the
-scheduler's suspend/resume gate, so ``on_suspend`` applies as in async mode: with ``abort`` a reply cancelled by a
-suspend is asked again after the resume and the round's env steps wait for it (every env steps once per turn).
+The classic collector (verl-agent's loop), for debugging (a turn is a clean barrier) and as the benchmark
+baseline. A group with a failed member is dropped and replaced in the next round, not replayed.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ if TYPE_CHECKING:
 
 
 async def collect_lockstep(scheduler: RolloutScheduler, selections: list[GroupSelection]) -> None:
-    """Play rounds of as many groups as each env's selection still misses (failed or filtered groups are
-    replaced in the next round) until none needs more; every env's groups play in the same round."""
+    """Play rounds of the groups each env's selection still misses until none misses any."""
     while any(selection.missing for selection in selections):
         for lane in scheduler.lanes:
             if lane.queue.error is not None:

@@ -1,15 +1,5 @@
-"""`RolloutLoop`: the asyncio loop the rollout lives on, in its own thread, and the bridge from signals to it.
-
-Everything of the rollout (env pool, engine, scheduler) runs on this loop; the training loop and the callbacks
-reach it through `call`, which runs a coroutine there and waits for its result.
-
-SIGTERM (a scheduler's preemption, ``kill``) abandons the rollout in flight instead of waiting for it: a CPU
-rollout can take minutes. A call marked ``interruptible`` (training batches, evaluation) is cancelled and raises
-Lightning's `SIGTERMException`; its groups were not trained on and are in no checkpoint, so ``--ckpt_path last``
-plays them again. The handler is chained in front of the one already installed (Lightning's, which stops between
-steps), so a SIGTERM during a training step waits for the step to finish. SIGINT (Ctrl-C) takes the same path:
-the CLI hands it to this handler (`roll_lightning.exits`). With several ranks, a signal to any of them stops all
-at the same step (`roll_lightning.rollout.world_stop`).
+"""`RolloutLoop`: the rollout's asyncio loop in its own thread, and the SIGTERM bridge: a signal abandons the
+rollout in flight rather than wait minutes for it (``--ckpt_path last`` replays its groups).
 """
 
 from __future__ import annotations
@@ -31,22 +21,18 @@ T = TypeVar("T")
 
 class RolloutLoop:
     def __init__(self, name: str) -> None:
-        """Start the loop in a daemon thread called ``name``, and chain the SIGTERM handler (main thread only)."""
+        """Start the loop thread; chain the SIGTERM handler (main thread only)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self._inflight: concurrent.futures.Future[Any] | None = None
-        self.terminating = 0  # the signal that is stopping the run (SIGTERM, or SIGINT passed on by the CLI)
-        self.world_stop: WorldStop | None = None  # with several ranks: tells them of a signal (`world_stop`)
+        self.terminating = 0  # the signal stopping the run (0: none)
+        self.world_stop: WorldStop | None = None  # with several ranks
         self._restore: Any = None
         self._install_sigterm_handler()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, interruptible: bool = False) -> T:
-        """Run a coroutine on the loop from any other thread and wait for its result.
-
-        ``interruptible``: SIGTERM cancels the call, in flight or yet to start, and it raises `SIGTERMException`.
-        Other calls (teardown's among them) always run to the end.
-        """
+        """Run ``coro`` on the loop and wait; a signal cancels an ``interruptible`` call (`SIGTERMException`)."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         if not interruptible:
             return future.result(timeout)
@@ -67,14 +53,14 @@ class RolloutLoop:
             self._inflight = None
 
     def stop(self, signum: int) -> None:
-        """Stop as ``signum`` asks: the interruptible call in flight, or the next one, raises `SIGTERMException`."""
+        """The interruptible call, now or next, raises `SIGTERMException`."""
         self.terminating = signum
         inflight = self._inflight
         if inflight is not None:
             inflight.cancel()
 
     def close(self) -> None:
-        """Give SIGTERM back to the handler before ours, stop the loop and its thread."""
+        """Restore the previous SIGTERM handler; stop the loop."""
         if self._restore is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._restore)
             self._restore = None
@@ -83,9 +69,8 @@ class RolloutLoop:
         self._loop.close()
 
     def _install_sigterm_handler(self) -> None:
-        """Chain a SIGTERM handler in front of the current one (Lightning's, which stops between steps)."""
         if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; the default behaviour stays
+            return  # handlers can only be set from the main thread
         previous = signal.getsignal(signal.SIGTERM)
         if previous == signal.SIG_IGN:
             return  # whoever started us chose to ignore SIGTERM
@@ -93,7 +78,7 @@ class RolloutLoop:
         def on_sigterm(signum: int, frame: Any) -> None:
             inflight = self._inflight
             self.stop(signum)
-            if self.world_stop is not None:  # several ranks: all stop together at the next batch, none exits here
+            if self.world_stop is not None:  # several ranks: all stop at the next batch, none exits here
                 self.world_stop.announce(signum)
             if callable(previous):
                 previous(signum, frame)

@@ -1,8 +1,5 @@
-"""Rollout metrics of one batch, under the fixed namespaces ``rollout/``, ``env/`` and ``timing/``: per batch,
-except the counters named ``_total`` (since the run started). Faults are ``env/``: the pools' failed, retried
-and ejected calls, and the episodes replayed or groups dropped because their episodes failed. A run with named
-envs (``rollout.envs``) also logs each tag's episodes under ``rollout/<tag>/...`` and ``env/<tag>/...``
-(`TAG_METRICS`)."""
+"""Rollout metrics of one batch under ``rollout/``, ``env/`` (faults included) and ``timing/``; counters named
+``_total`` run since the start."""
 
 from __future__ import annotations
 
@@ -51,8 +48,8 @@ def batch_metrics(
         "rollout/engine_busy_fraction": min(1.0, busy / wall_s) if wall_s > 0 and busy else 0.0,
         "env/step_latency_s": mean("env_latency_s"),
         "env/reset_latency_s": mean("reset_latency_s"),
-        "env/image_bytes": mean("image_bytes"),  # encoded picture bytes per step (0 for text envs)
-        "timing/image_encode_s": sum(m["image_encode_s"] for m in per_episode),  # the image processor's time
+        "env/image_bytes": mean("image_bytes"),  # per step
+        "timing/image_encode_s": sum(m["image_encode_s"] for m in per_episode),
         **fault_totals(scheduler),
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
@@ -67,8 +64,7 @@ def batch_metrics(
 
 
 def tool_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Tool use in the batch (none when no reply called a tool): calls per turn, the share of calls the env
-    refused (unknown tool, bad JSON, arguments off the schema), and calls per tool."""
+    """Tool use in the batch (none without tool calls): calls per turn, the share refused, calls per tool."""
     turns = [t for ep in episodes for t in ep.turns]
     calls = [c for t in turns for c in t.tool_calls]
     if not calls:
@@ -83,7 +79,7 @@ def tool_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     return out
 
 
-# (namespace, name, per-episode key): what each tag of a multi-env run logs, e.g. rollout/sokoban/success_rate
+# (namespace, name, per-episode key) each tag of a multi-env run logs, e.g. rollout/sokoban/success_rate
 TAG_METRICS = (
     ("rollout", "success_rate", "success"),
     ("rollout", "return_mean", "return"),
@@ -95,7 +91,7 @@ TAG_METRICS = (
 
 
 def tag_metrics(tag: str, per_episode: list[dict[str, float]]) -> dict[str, float]:
-    """One tag's share of a batch: `TAG_METRICS` over its episodes, and how many there were."""
+    """One tag's share of a batch: `TAG_METRICS` and its episode count."""
     mean = _means(per_episode)
     out = {f"{space}/{tag}/{name}": mean(key) for space, name, key in TAG_METRICS}
     out[f"rollout/{tag}/episodes"] = float(len(per_episode))
@@ -110,8 +106,7 @@ def _means(per_episode: list[dict[str, float]]) -> Callable[[str], float]:
 
 
 def fault_totals(scheduler: RolloutScheduler) -> dict[str, float]:
-    """The counters since the run started (hence ``_total``): groups dropped as stale or failed, episodes replayed
-    (those during an outage use no retry), outage waits, and the env pools' own counters."""
+    """The ``_total`` counters: dropped groups, replays, outage waits and the env pools' own."""
     return {
         "rollout/dropped_groups_stale_total": scheduler.counter("dropped_stale"),
         "env/episode_retries_total": float(scheduler.counters["episode_retries"]),
@@ -122,7 +117,7 @@ def fault_totals(scheduler: RolloutScheduler) -> dict[str, float]:
 
 
 def _pool_counters(scheduler: RolloutScheduler) -> dict[str, float]:
-    """The env pools' counters, summed over the distinct pools of the run's envs."""
+    """The env pools' counters, summed over the run's distinct pools."""
     totals: dict[str, float] = {}
     for pool in {id(lane.pool): lane.pool for lane in scheduler.lanes if lane.pool is not None}.values():
         for name, value in pool.counters().items():

@@ -1,29 +1,5 @@
-"""`RolloutScheduler`: keeps episodes running and hands out batches of complete groups.
-
-Async mode: every episode is its own task on the scheduler's asyncio loop; the engine batches whatever replies
-are pending, the env pool batches whatever steps are pending, so neither waits for the slowest episode. The
-scheduler starts only as many groups as waiting `get_batch` calls need plus ``max_staleness`` batches ahead.
-Lock-step mode (`lockstep.py`) plays a batch turn by turn instead.
-
-Several envs (``rollout.envs``): each is a lane (`lanes.py`) with its own groups, queue and resume position;
-a batch holds exactly each lane's share of groups, lane by lane in config order, and new groups are started
-round-robin over the lanes that still miss some, so no env waits behind another for running slots.
-
-The scheduler is the producer and the batch assembly; its other concerns are named parts, each in its file:
-
-- `gate.GenerationGate`: the suspend/resume gate every reply passes (``on_suspend: wait | abort``);
-- `failures.FailurePolicy`: replays, backoff, outages, and when failures stop the run;
-- `ledger.GroupLedger`: which groups this rank plays with which seeds, and what a resume plays again;
-- `groups.GroupQueue` and `groups.is_stale`: complete groups, and when a group is dropped.
-
-Nothing partial is ever returned, and `get_batch` raises rather than hangs when groups keep failing.
-
-Every episode task holds one running slot from its creation until it is done, however it ends (finished,
-failed, or cancelled before it ever ran): the slot is given back by the task's done-callback, which also wakes
-the producer, so `get_batch` never waits with nothing left that could wake it.
-
-Suspend (before a weight load or an engine sleep) closes the generation gate (`gate.py`); resume reopens it
-after dropping the groups the new policy version made too stale.
+"""`RolloutScheduler`: keeps episodes running and hands out batches of complete groups, starting only what waiting
+`get_batch` calls need plus ``max_staleness`` batches ahead.
 """
 
 from __future__ import annotations
@@ -69,9 +45,7 @@ class RolloutScheduler:
         split: Split = "train",
         vision: ImageEncoder | None = None,
     ) -> None:
-        """Create on the asyncio loop that will run it. ``pool``: the env pool of every env, or one per tag.
-        Rank ``r`` of ``world_size`` plays each env's groups r, r+W, ...; ``split`` picks the seed space
-        (``eval`` seeds are disjoint from ``train`` seeds); ``vision``: the policy's image encoder (None: text only)."""
+        """Create on the loop that runs it; ``pool``: one for every env, or one per tag."""
         self.engine, self.tokenizer, self.config, self.vision = engine, tokenizer, config, vision
         self.rank, self.world_size, self.split = rank, world_size, split
         pools = pool if isinstance(pool, EnvPool) else dict(pool)
@@ -83,24 +57,23 @@ class RolloutScheduler:
             "episode_retries": 0,
             "redundant_cancelled": 0,
             "groups_failed_in_a_row": 0,
-            "outage_waits": 0,  # failures while every endpoint was down: replayed without using a retry
-            "turns_aborted": 0,  # replies cancelled by a suspend (on_suspend: abort); their turns are asked again
+            "outage_waits": 0,  # replays during an outage (no retry used)
+            "turns_aborted": 0,  # replies a suspend cancelled (on_suspend: abort)
         }
         self.gate = GenerationGate(engine, config.on_suspend, self.counters)
         self.failures = FailurePolicy(config, self.counters, self.fail)
         self.ledger = GroupLedger(self.lanes, seed=config.seed, rank=rank, world_size=world_size, split=split)
         self._episodes: set[asyncio.Task[None]] = set()  # each holds a running slot until done
-        self._next_lane = 0  # where the producer's next round-robin round starts
+        self._next_lane = 0  # where the next round-robin round starts
         self._background: set[asyncio.Task[Any]] = set()
         self._kick = asyncio.Event()
         self._producer: asyncio.Task[None] | None = None
-        self.agents = AgentLanes(self.gate, tokenizer)  # endpoints of the agent lanes, started on first use
+        self.agents = AgentLanes(self.gate, tokenizer)
 
     # -- public API ----------------------------------------------------------------------------------
 
     async def get_batch(self, n: int | None = None) -> RolloutBatch:
-        """Wait for ``n`` trajectories (default ``config.batch_size``) of complete, fresh groups: each env's
-        share of them, env by env in config order."""
+        """Wait for ``n`` trajectories of complete, fresh groups, each env's share in config order."""
         n = self.config.batch_size if n is None else n
         if n % self.config.group_size:
             raise ValueError(f"get_batch({n}): not a multiple of group_size={self.config.group_size}")
@@ -119,7 +92,7 @@ class RolloutScheduler:
             chosen, dropped = selection.choose()
             groups += chosen
             filtered += dropped
-        for group in [*groups, *filtered]:  # filtered groups are settled too: never replayed after a resume
+        for group in [*groups, *filtered]:  # filtered groups too: never replayed
             self.settle(group)
         episodes = [ep for g in groups for ep in sorted(g.episodes, key=lambda e: e.member)[: g.size]]
         batch = collate(episodes, self.config.episode.row_layout, _pad_id(self.tokenizer))
@@ -134,11 +107,10 @@ class RolloutScheduler:
 
     @property
     def batches(self) -> int:
-        """Batches handed out by this run (with the ones before a resume)."""
         return self.ledger.batches
 
     def _shares(self, n_groups: int) -> list[int]:
-        """Groups per lane for a batch of ``n_groups`` (each env's configured share, scaled exactly)."""
+        """Groups per lane for a batch of ``n_groups``."""
         per_batch = self.config.groups_per_batch
         if n_groups == per_batch:
             return [state.spec.groups for state in self.lanes]
@@ -149,14 +121,11 @@ class RolloutScheduler:
         return [state.spec.groups * n_groups // per_batch for state in self.lanes]
 
     async def suspend(self) -> None:
-        """Hold new replies (before weights change or the engine sleeps). The ones in flight: ``on_suspend:
-        wait`` waits for them to finish; ``abort`` cancels them and returns without waiting for the engine, and
-        their turns are asked again after `resume`. Either way no reply is in flight when this returns."""
+        """Hold new replies before weights change or the engine sleeps (`GenerationGate.close`)."""
         await self.gate.close()
 
     async def resume(self) -> None:
-        """Let generation go on (turns aborted by `suspend` are asked again now, with the engine's current
-        weights); groups now too stale for the engine's policy version are dropped first."""
+        """Drop the groups now too stale, then let generation go on."""
         for lane in self.lanes:
             for group in lane.queue.expire(self.engine.policy_version):
                 self._abandon(group)
@@ -179,8 +148,6 @@ class RolloutScheduler:
         await self.agents.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is in its sequence of groups, per env (`GroupLedger`): consumed or dropped groups are
-        never replayed, started but unconsumed ones are replayed after a resume, none is skipped."""
         return self.ledger.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -188,46 +155,41 @@ class RolloutScheduler:
 
     @property
     def ready(self) -> int:
-        """Complete groups waiting to be taken, over every env."""
         return sum(lane.queue.ready for lane in self.lanes)
 
     def counter(self, name: str) -> float:
-        """A group queue counter (``released``, ``dropped_failed``, ``dropped_stale``) summed over the envs."""
+        """A `GroupQueue` counter summed over the envs."""
         return float(sum(lane.queue.counters[name] for lane in self.lanes))
 
     def fail(self, error: BaseException) -> None:
-        """Make every waiting and later `get_batch` raise ``error`` (the rollout cannot go on)."""
+        """Make every waiting and later `get_batch` raise ``error``."""
         for lane in self.lanes:
             lane.queue.fail(error)
 
     @property
     def running(self) -> int:
-        """Episode tasks holding a running slot now."""
         return len(self._episodes)
 
     # -- generation gate -----------------------------------------------------------------------------
 
     @property
     def generating(self) -> int:
-        """Replies in flight now (requested from the engine, not yet answered)."""
         return self.gate.generating
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, key: str = "") -> Generation:
-        """The engine behind the suspend/resume gate (what episodes call): `GenerationGate.generate`."""
+        """The engine behind the gate (what episodes call)."""
         return await self.gate.generate(prompt_ids, params, key=key)
 
-    # -- partial overlap (the seeds' shrink_sampler / expand_sampler) --------------------------------
+    # -- partial overlap -----------------------------------------------------------------------------
 
     async def shrink_sampler(
         self, devices: Sequence[str], free_memory: Callable[[str], int | None] | None = None
     ) -> dict[str, Any]:
-        """Free ``devices`` for training while the other replicas keep generating: `EngineRouter.shrink`
-        (their replies in flight are asked again elsewhere; nothing is lost). Returns what moved."""
+        """Free ``devices`` for training while the other replicas generate (`EngineRouter.shrink`)."""
         return await self._router("shrink_sampler").shrink(devices, free_memory)
 
     async def expand_sampler(self, devices: Sequence[str], skip_load: bool = False) -> dict[str, Any]:
-        """Give ``devices`` back to generation: `EngineRouter.expand` (they serve once they hold the current
-        weights, or at once with ``skip_load``). Returns what moved."""
+        """Give ``devices`` back to generation (`EngineRouter.expand`)."""
         moved = await self._router("expand_sampler").expand(devices, skip_load)
         self._kick.set()
         return moved
@@ -245,13 +207,10 @@ class RolloutScheduler:
         return group
 
     def settle(self, group: Group) -> None:
-        """``group`` is consumed or dropped: a resume never plays it again."""
         self.ledger.settle(group)
 
     async def _take(self, lane: LaneState, selection: GroupSelection) -> None:
-        """Collect complete, fresh groups of ``lane`` into ``selection`` until it needs no more. The producer's
-        demand is what the selection still misses: a group the filter rejects leaves it unchanged, so a new
-        group (a new seed) replaces it, until the selection's bound on extra groups is reached."""
+        """Collect fresh groups of ``lane`` until ``selection`` misses none (a rejected group is replaced)."""
         self._ensure_producer()
         demanded = selection.missing
         lane.demand += demanded
@@ -311,7 +270,7 @@ class RolloutScheduler:
             group.tasks.append(task)
 
     def _episode_done(self, task: asyncio.Task[None]) -> None:
-        """Give the slot back and wake the producer: runs however the task ended, even cancelled before it ran."""
+        """Free the slot and wake the producer, however the task ended."""
         self._episodes.discard(task)
         self._kick.set()
 
@@ -333,7 +292,7 @@ class RolloutScheduler:
             self.fail(err)
 
     async def play_member(self, group: Group, member: int) -> Episode | None:
-        """Play one member to the end, with retries; None if its group was dropped meanwhile or now."""
+        """Play one member to the end, with retries; None if its group was dropped."""
         lane = self.lanes[group.lane]
         attempts = failures = 0
         while True:
@@ -342,7 +301,7 @@ class RolloutScheduler:
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
-                if lane.spec.agent is not None:  # the user's agent program plays it, through the endpoint
+                if lane.spec.agent is not None:
                     async with asyncio.timeout(self.config.episode_timeout_s):
                         result = await self.agents.play(lane.spec, episode)
                 else:
@@ -365,7 +324,7 @@ class RolloutScheduler:
                 if group.finished:
                     return None
                 if self.failures.note(err, lane) or (isinstance(err, EpisodeFailed) and err.draining):
-                    attempts -= 1  # the outage's (or a drain's) fault, not the episode's: replayed elsewhere
+                    attempts -= 1  # an outage's or a drain's fault: no retry used
                 elif attempts > self.config.episode_retries:
                     log.warning("group %d dropped: member %d failed %d times: %s", group.index, member, attempts, err)
                     dropped = lane.queue.drop(group.index, "failed")
@@ -382,7 +341,7 @@ class RolloutScheduler:
                 raise
             finally:
                 if isinstance(self.engine, EngineRouter):
-                    self.engine.release(episode.traj_key)  # its replica slot in the router's balance
+                    self.engine.release(episode.traj_key)  # frees its replica slot in the router's balance
             if session is not None:
                 lane.idle_sessions.append(session)
             self.counters["episodes"] += 1
@@ -393,7 +352,7 @@ class RolloutScheduler:
         return Episode(group.index, member, group.seed, lane.env_id, tag=lane.tag)
 
     def builder(self, lane: LaneState, session: EnvSession, episode: Episode) -> EpisodeBuilder:
-        """The episode's bookkeeping, with its env's settings (prompt, turns, budget, sampling)."""
+        """The episode's bookkeeping, with its env's settings."""
         settings = lane.spec.episode
         stops = self.stop_ids | set(settings.sampling.stop_token_ids)
         return EpisodeBuilder(self.tokenizer, settings, session.spec, episode, stops, self.vision)
@@ -410,11 +369,11 @@ class RolloutScheduler:
             session = lane.idle_sessions.pop()
             if session.endpoint.accepting and not session.endpoint.ejected:
                 return session
-            self.discard_session(session)  # its server is draining or down: new episodes go elsewhere
+            self.discard_session(session)  # its server is draining or down
         return await lane.pool.open(lane.spec.env_id, lane.spec.env_config, tag=f"rank{self.rank}")
 
     def discard_session(self, session: EnvSession | None) -> None:
-        """Close ``session`` in the background (its episode failed, or its server stopped taking episodes)."""
+        """Close ``session`` in the background."""
         if session is None:
             return
         task = asyncio.create_task(session.close())
@@ -423,7 +382,7 @@ class RolloutScheduler:
 
 
 async def _first_error(coros: list[Coroutine[Any, Any, None]]) -> None:
-    """Run ``coros`` together; the first to fail cancels the others and its error is raised as it is."""
+    """Run ``coros`` together; the first error cancels the others and is raised."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

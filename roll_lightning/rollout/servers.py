@@ -1,10 +1,5 @@
-"""`EnvServers`: the env pools of a run, one per set of endpoints, checked before a model is loaded.
-
-Every env of the run (training and evaluation lanes) names where its servers are (its own ``endpoints`` or
-``data.envs.endpoints``); lanes with the same endpoints share one pool, and ``local`` starts one set of local
-servers serving every env id that is local. `start` fails with one `RolloutConfigError` naming the key when
-something cannot work: servers that do not start or refuse the token, an env id no endpoint serves, an env
-config the server rejects, a first prompt that does not fit an env's context budget.
+"""`EnvServers`: a run's env pools, one per set of endpoints, checked before a model is loaded: `start` raises
+one `RolloutConfigError` naming the key for anything that cannot work.
 """
 
 from __future__ import annotations
@@ -25,10 +20,10 @@ Endpoints = str | tuple[str, ...]
 
 class EnvServers:
     def __init__(self, envs: EnvsConfig, lanes: list[LaneSpec]) -> None:
-        """``lanes``: every env the run plays (training and evaluation); ``lane.key`` names it in messages."""
+        """``lanes``: every env the run plays, training and evaluation."""
         self.envs, self.lanes = envs, [lane for lane in lanes if lane.agent is None]  # agent lanes need no server
         self._env_ids: dict[Endpoints, list[str]] = {}
-        self._keys: dict[Endpoints, str] = {}  # the config key that sets each set of endpoints
+        self._keys: dict[Endpoints, str] = {}  # the config key naming each
         for lane in self.lanes:
             where = lane.endpoints_or(envs.endpoints)
             ids = self._env_ids.setdefault(where, [])
@@ -39,7 +34,7 @@ class EnvServers:
         self.pools: dict[Endpoints, EnvPool] = {}
 
     def pools_for(self, lanes: tuple[LaneSpec, ...]) -> dict[str, EnvPool]:
-        """Each lane's pool, by tag (what `RolloutScheduler` takes)."""
+        """Each lane's pool, by tag."""
         return {lane.tag: self.pools[lane.endpoints_or(self.envs.endpoints)] for lane in lanes if lane.agent is None}
 
     async def start(self, tokenizer: Any, vision: ImageEncoder | None = None) -> None:
@@ -65,14 +60,14 @@ class EnvServers:
             raise RolloutConfigError(f"data.envs.tls_root_cert: {err.detail}") from err
         except NoEndpointAvailable as err:
             raise RolloutConfigError(f"{key}={_show(where)}: {err}") from err
-        except RuntimeError as err:  # a local server that would not start: usually an env id or its import
+        except RuntimeError as err:  # a local server did not start: usually a bad env id or import
             envs = ", ".join(
                 f"{x.key}.env_id={x.env_id!r}" for x in self.lanes if x.endpoints_or(self.envs.endpoints) == where
             )
             raise RolloutConfigError(f"{envs}: the local env server did not start: {err}") from err
 
     async def _probe(self, lane: LaneSpec, tokenizer: Any, vision: ImageEncoder | None) -> None:
-        """One throw-away session per lane: a wrong env id, config or context budget fails now."""
+        """One throw-away session per lane, so a wrong env id, config or context budget fails now."""
         where = lane.endpoints_or(self.envs.endpoints)
         pool = self.pools[where]
         if not await pool.wait_serving(lane.env_id):
@@ -92,7 +87,7 @@ class EnvServers:
             try:
                 first = await session.reset(seed=1)
             except EpisodeFailed:
-                return  # a fault, not a config error: the run's own retries deal with those
+                return  # a fault, not a config error: left to the run's retries
             episode = Episode(0, 0, 1, lane.env_id, tag=lane.tag)
             builder = EpisodeBuilder(tokenizer, lane.episode, session.spec, episode, set(), vision)
             builder.start(first, time.perf_counter() - started)

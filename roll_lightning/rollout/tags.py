@@ -1,20 +1,4 @@
-"""Several envs in one run: ROLL's env managers as a list of tagged envs, each with a fixed share of every batch.
-
-    rollout:
-      group_size: 8
-      batch_size: 64                    # 8 groups per batch ...
-      envs:
-        - {tag: sokoban, env_id: sokoban, env_config: {dim_room: [6, 6]}, groups: 4}   # ... 4 Sokoban levels
-        - tag: frozenlake                                                              # ... 4 FrozenLake maps
-          env_id: frozenlake
-          groups: 4
-          episode: {max_turns: 8}       # overrides of rollout.episode keys, for this env only
-          endpoints: ["10.0.0.7:50051"]  # served elsewhere (default: data.envs.endpoints)
-
-A `LaneSpec` is one resolved entry: the tag, the env, its share of the batch, its episode settings and where its
-servers are. The single-env form (``rollout.env_id``) is one lane whose tag is the env id; only tags a config
-names get their own metrics (``rollout/<tag>/success_rate``), so single-env runs log what they always did.
-"""
+"""Several envs in one run (ROLL's env managers), each with a fixed share of every batch."""
 
 from __future__ import annotations
 
@@ -40,17 +24,12 @@ class EnvEntry:
     """One env of the run.
 
     Args:
-        tag: its name in metrics (``rollout/<tag>/...``), logs and checkpoints: letters, digits, ``_ . -``.
-        env_id: the env, as registered on the env servers (``python -m env_servers describe ID``).
-        env_config: per-session env config (validated by the server against its schema).
-        episode: overrides of ``rollout.episode`` keys for this env only, merged key by key (e.g.
-            ``{max_turns: 8, prompt: {turn_template: "..."}, sampling: {max_new_tokens: 4}}``); the row layout
-            is one per run.
-        endpoints: where this env's servers are: ``local`` or a list of ``host:port`` (None: ``data.envs.endpoints``).
-        agent: play this entry's episodes with your own agent program instead of an env server:
-            ``{command: [...], cwd, env, deadline_s, task, listen, advertise, token}`` (`agent_runner.AgentCommand`);
-            it talks to the policy through an OpenAI-compatible endpoint and reports its reward (docs/agents.md);
-            ``env_id`` is then only a label. Step rows only.
+        tag: its name in metrics, logs and checkpoints: letters, digits, ``_ . -``.
+        env_id: the env as the servers register it (``python -m env_servers describe ID``).
+        env_config: per-session env config, validated by the server.
+        episode: ``rollout.episode`` overrides for this env (not ``layout``).
+        endpoints: ``local`` or a list of ``host:port`` (None: ``data.envs.endpoints``).
+        agent: your agent program plays the episodes (`agent_runner.AgentCommand`; step rows only).
     """
 
     tag: str
@@ -63,23 +42,21 @@ class EnvEntry:
 
 @dataclass(frozen=True)
 class TrainEnv(EnvEntry):
-    """A training env. ``groups``: groups of every batch it gets (ROLL's ``num_groups_partition``); leave it out
-    on every entry to split the batch evenly."""
+    """A training env; ``groups``: its groups per batch (None everywhere: an even split)."""
 
     groups: int | None = None
 
 
 @dataclass(frozen=True)
 class EvalEnv(EnvEntry):
-    """A held-out evaluation env (ROLL's validation tags). ``episodes``: held-out starts played at every
-    evaluation, one episode each (None: ``data.evaluation.episodes``)."""
+    """A held-out evaluation env; ``episodes``: starts played per evaluation (None: ``data.evaluation.episodes``)."""
 
     episodes: int | None = None
 
 
 @dataclass(frozen=True)
 class LaneSpec:
-    """One resolved env of a run: what the scheduler plays and how many groups of each batch."""
+    """One resolved env of a run."""
 
     tag: str
     env_id: str
@@ -87,18 +64,17 @@ class LaneSpec:
     groups: int
     episode: EpisodeSettings
     endpoints: str | tuple[str, ...] | None
-    seed_salt: int | None  # None: the single-env form's seeds (unchanged from before tags existed)
-    key: str  # the config key naming this entry in messages
-    agent: AgentCommand | None = None  # the agent program that plays its episodes (None: an env server does)
+    seed_salt: int | None  # None: the single-env form
+    key: str  # the entry's config key, for messages
+    agent: AgentCommand | None = None  # None: an env server plays it
 
     def endpoints_or(self, default: str | list[str]) -> str | tuple[str, ...]:
-        """Where this lane's servers are: its own endpoints, else the run's."""
         value = self.endpoints if self.endpoints is not None else default
         return value if isinstance(value, str) else tuple(value)
 
 
 def salt(tag: str) -> int:
-    """A stable per-tag seed salt (not Python's hash, which changes between processes)."""
+    """A stable per-tag seed salt (Python's hash changes between processes)."""
     return zlib.crc32(tag.encode())
 
 
@@ -108,7 +84,7 @@ def resolve(
     base: EpisodeSettings,
     key: str,
 ) -> tuple[LaneSpec, ...]:
-    """Lanes for ``entries`` with ``shares`` groups each, checking tags, episode overrides and endpoints."""
+    """Lanes for ``entries`` with ``shares`` groups each, checked."""
     seen: dict[str, int] = {}
     lanes = []
     for i, (entry, share) in enumerate(zip(entries, shares, strict=True)):
@@ -151,7 +127,6 @@ def resolve(
 
 
 def _agent(entry: EnvEntry, settings: EpisodeSettings, where: str) -> AgentCommand | None:
-    """The entry's agent command, checked (None: an env entry)."""
     if entry.agent is None:
         return None
     if not isinstance(entry.agent, dict):
@@ -169,7 +144,7 @@ def _agent(entry: EnvEntry, settings: EpisodeSettings, where: str) -> AgentComma
 
 
 def check_episode(settings: EpisodeSettings, key: str) -> None:
-    """The episode settings every lane must satisfy (one turn fits the context budget, ...)."""
+    """What every lane's episode settings must satisfy."""
     if settings.layout not in LAYOUTS:
         raise RolloutConfigError(f"{key}.layout must be one of {', '.join(LAYOUTS)}, got {settings.layout!r}")
     if settings.max_turns < 1:
@@ -182,7 +157,7 @@ def check_episode(settings: EpisodeSettings, key: str) -> None:
 
 
 def override(settings: Any, patch: dict[str, Any], key: str) -> Any:
-    """``settings`` (a dataclass) with the keys of ``patch`` replaced, nested dataclasses merged key by key."""
+    """``settings`` with ``patch``'s keys replaced, dataclasses merged key by key."""
     if not isinstance(patch, dict):
         raise RolloutConfigError(f"{key} must be a mapping of keys to override, got {patch!r}")
     names = {f.name for f in fields(settings)}
@@ -202,7 +177,7 @@ def override(settings: Any, patch: dict[str, Any], key: str) -> Any:
 
 
 def split_evenly(total: int, n: int, key: str) -> list[int]:
-    """``total`` groups over ``n`` envs, equal shares only (a batch holds exactly each env's share)."""
+    """``total`` groups split equally over ``n`` envs."""
     if total % n:
         raise RolloutConfigError(
             f"{key}: {total} groups per batch do not split evenly over {n} envs; give each entry its 'groups' "

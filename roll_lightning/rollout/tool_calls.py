@@ -1,19 +1,5 @@
-"""Tool calls out of a reply: one parser per model family, chosen once from ``prompt.tool_parser``.
-
-A parser finds the calls a model wrote in its reply text and returns them as ``(name, arguments JSON text)``
-pairs, in order, without judging them: a call whose JSON does not parse is still a call (its name empty, its
-text kept as the arguments), so the env answers it with an error result and an invalid step, as the protocol
-says, instead of the trainer dropping it silently.
-
-- `HermesParser` (``hermes``): Hermes / Qwen2.5 / Qwen3 / SmolLM3 chat templates, where a call is
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
-- `Llama3JsonParser` (``llama3_json``): Llama 3.1 / 3.2 with JSON tools, where a reply that is a call is the JSON
-  object ``{"name": ..., "parameters": {...}}`` itself (after an optional ``<|python_tag|>``), several joined by ``;``.
-- `MistralParser` (``mistral``): Mistral's ``[TOOL_CALLS]`` token followed by a JSON list of calls, or (its newer
-  tokenizers) by ``name[ARGS]{...}``, one ``[TOOL_CALLS]`` per call.
-- `PythonicParser` (``pythonic``): Llama 3.2 / Llama 4's pythonic calls, a reply that is a Python list of calls
-  with literal keyword arguments, ``[get_weather(city="Paris"), answer(value=4)]``.
-- `NoToolParser` (``none``): the reply is text only (every env without tools).
+"""Tool calls out of a reply, one parser per model family; a call that does not parse keeps its text, nameless,
+for the env to refuse.
 """
 
 from __future__ import annotations
@@ -28,7 +14,7 @@ from typing import ClassVar
 
 @dataclass(frozen=True)
 class ParsedCall:
-    """One call as the model wrote it: the tool's name and its arguments as JSON text."""
+    """A tool's name and its arguments as JSON text."""
 
     name: str
     arguments: str
@@ -56,8 +42,10 @@ class NoToolParser(ToolParser):
 
 
 class HermesParser(ToolParser):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen2.5/3, SmolLM3)."""
+
     name: ClassVar[str] = "hermes"
-    # An unclosed block at the end (the reply ran out of tokens) is still a call, judged by the env.
+    # an unclosed last block (out of tokens) is still a call
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
     def parse(self, reply: str) -> list[ParsedCall]:
@@ -65,6 +53,8 @@ class HermesParser(ToolParser):
 
 
 class Llama3JsonParser(ToolParser):
+    """Llama 3.1/3.2: the reply is ``{"name": ..., "parameters": {...}}``, several joined by ``;``."""
+
     name: ClassVar[str] = "llama3_json"
 
     def parse(self, reply: str) -> list[ParsedCall]:
@@ -85,6 +75,8 @@ class Llama3JsonParser(ToolParser):
 
 
 class MistralParser(ToolParser):
+    """``[TOOL_CALLS]`` then a JSON list of calls, or (newer tokenizers) ``name[ARGS]{...}`` per call."""
+
     name: ClassVar[str] = "mistral"
     _TOKEN = "[TOOL_CALLS]"
 
@@ -108,6 +100,8 @@ class MistralParser(ToolParser):
 
 
 class PythonicParser(ToolParser):
+    """Llama 3.2/4: a Python list of calls with literal keyword arguments, ``[f(x=1), g(y="a")]``."""
+
     name: ClassVar[str] = "pythonic"
 
     def parse(self, reply: str) -> list[ParsedCall]:
@@ -124,7 +118,7 @@ class PythonicParser(ToolParser):
 
 
 def _json_call(body: str) -> ParsedCall:
-    """A call written as JSON text ``{"name": ..., "arguments" or "parameters": ...}``."""
+    """A call written as JSON."""
     try:
         return _call_of(json.loads(body), body)
     except json.JSONDecodeError:
@@ -132,7 +126,7 @@ def _json_call(body: str) -> ParsedCall:
 
 
 def _call_of(value: object, body: str) -> ParsedCall:
-    """A decoded JSON call; anything else is a call without a name, its ``body`` kept for the env's error."""
+    """A decoded JSON call; anything else a nameless call keeping ``body``."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return ParsedCall("", body)
     arguments = value.get("arguments", value.get("parameters", {}))
@@ -141,7 +135,7 @@ def _call_of(value: object, body: str) -> ParsedCall:
 
 
 def _pythonic_call(node: ast.expr) -> ParsedCall:
-    """``name(key=literal, ...)`` as a call with JSON arguments; any other form a call without a name."""
+    """``name(key=literal, ...)`` as a call; other forms nameless."""
     source = ast.unparse(node)
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
         return ParsedCall("", source)
@@ -158,7 +152,7 @@ TOOL_PARSERS: dict[str, ToolParser] = {
 
 
 def tool_parser_named(name: str | ToolParser) -> ToolParser:
-    """The parser called ``name`` (a `ToolParser` passes through); an unknown name says which exist."""
+    """The parser called ``name`` (a `ToolParser` passes through)."""
     if isinstance(name, ToolParser):
         return name
     if name not in TOOL_PARSERS:

@@ -1,11 +1,5 @@
-"""Images in prompts: an observation's pictures become a vision-language model's vision tokens and pixel values.
-
-An env marks where each picture stands with ``<image>`` in its observation text (the protocol's rule). The chat
-template renders that text as it is; tokenising, each marker becomes the model's placeholder run
-``<|vision_start|> <|image_pad|> x n <|vision_end|>``, with ``n`` the picture's vision tokens after the image
-processor's resize and merge (the ids a Qwen2-VL processor would make). So prompt ids stay appended, never
-re-tokenised, and they count every vision token toward ``max_context_tokens``. The pixel values travel beside
-the ids (`Prompt.images`, then `RolloutBatch.images`), in marker order; `model_inputs` hands them to the model.
+"""Images in prompts: each ``<image>`` marker becomes its picture's vision-token run (as a Qwen2-VL processor
+makes it), the pixel values carried beside the ids, so prompt ids stay appended.
 """
 
 from __future__ import annotations
@@ -24,11 +18,11 @@ VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
 
 class ImageInputError(ValueError):
-    """Images the policy cannot take: a text-only model given pictures, or markers that do not match them."""
+    """A text-only model given pictures, or markers that do not match them."""
 
 
 class EncodedImage(Protocol):
-    """A picture as the env sent it (`roll_lightning.env_client.ObservationImage`)."""
+    """A picture as the env sent it."""
 
     data: bytes
     media_type: str
@@ -36,20 +30,18 @@ class EncodedImage(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class PromptImage:
-    """One picture ready for the model: the env's bytes (for dumps and the viewer) and the image processor's
-    output, ``pixel_values [patches, channels x patch area]`` and ``grid_thw`` (patches in time, height, width)."""
+    """One picture ready for the model: the env's bytes and the image processor's output."""
 
     data: bytes
     media_type: str
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int]
-    tokens: int  # vision tokens in the prompt: the patches over the merge area
-    token_id: int  # the placeholder id those tokens carry (``<|image_pad|>``)
+    tokens: int  # patches over the merge area
+    token_id: int  # ``<|image_pad|>``
 
 
 class Prompt(list[int]):
-    """A prompt's token ids, carrying the pictures its vision tokens stand for (in order). It is a list of ids,
-    so everything that passes prompts along (the gate, the router) carries the pictures untouched."""
+    """Token ids carrying their pictures through whatever passes prompts along."""
 
     images: tuple[PromptImage, ...]
 
@@ -59,17 +51,13 @@ class Prompt(list[int]):
 
 
 def images_of(prompt: Sequence[int]) -> tuple[PromptImage, ...]:
-    """The pictures a prompt carries (none for plain ids)."""
+    """The pictures a prompt carries."""
     return getattr(prompt, "images", ())
 
 
 class ImageEncoder:
-    """A vision-language model's image processor and vision token ids, loaded from its folder.
-
-    Encodings are kept by the picture's bytes (the newest `cache_size`): a group's members start from the same
-    picture and boards recur, and the processor costs ~0.3-1 ms a picture on the asyncio loop that plays every
-    episode. An encoding holds float32 pixel values (300 KB for a 112-pixel square), so the cache stays small.
-    """
+    """A vision-language model's image processor and vision token ids; encodings are cached by bytes (~0.3-1 ms
+    each on the rollout loop)."""
 
     def __init__(self, processor: Any, tokenizer: Any, cache_size: int = 256) -> None:
         self.processor = processor
@@ -83,7 +71,7 @@ class ImageEncoder:
 
     @classmethod
     def load(cls, folder: str | Path, tokenizer: Any) -> ImageEncoder | None:
-        """The encoder of a model folder, or None for a text-only model (no ``preprocessor_config.json``)."""
+        """The encoder of a model folder; None for a text-only model."""
         if not (Path(folder) / "preprocessor_config.json").is_file():
             return None
         from transformers import AutoImageProcessor
@@ -91,7 +79,7 @@ class ImageEncoder:
         return cls(AutoImageProcessor.from_pretrained(str(folder)), tokenizer)
 
     def encode(self, image: EncodedImage) -> PromptImage:
-        """The picture ready for the model (shared with earlier pictures of the same bytes: never modify it)."""
+        """The picture ready for the model (cached: never modify it)."""
         known = self.cache.get(image.data)
         if known is not None and known.media_type == image.media_type:
             self.cache.move_to_end(image.data)
@@ -119,8 +107,8 @@ class ImageEncoder:
 
 
 def tokenize(tokenizer: Any, text: str, images: Sequence[PromptImage], encoder: ImageEncoder | None) -> list[int]:
-    """``text``'s ids with each ``<image>`` marker replaced by its picture's vision-token run."""
-    if not images:  # a text-only prompt: a literal marker is just text
+    """``text``'s ids, each ``<image>`` marker replaced by its vision-token run."""
+    if not images:  # a literal marker is just text
         return tokenizer.encode(text, add_special_tokens=False)
     pieces = text.split(IMAGE_MARKER)
     if len(pieces) - 1 != len(images) or encoder is None:
@@ -132,8 +120,7 @@ def tokenize(tokenizer: Any, text: str, images: Sequence[PromptImage], encoder: 
 
 
 def model_inputs(input_ids: torch.Tensor, rows: Sequence[Sequence[PromptImage]], image_token_id: int) -> dict[str, Any]:
-    """The keyword arguments a Qwen2-VL model takes beside ``input_ids [B, L]`` for the rows' pictures (their
-    pixel values concatenated in row, then marker, order); empty when no row has one."""
+    """A Qwen2-VL model's keyword arguments for the rows' pictures."""
     images = [image for row in rows for image in row]
     if not images:
         return {}
@@ -146,17 +133,14 @@ def model_inputs(input_ids: torch.Tensor, rows: Sequence[Sequence[PromptImage]],
 
 
 def vision_token_ids(config: Any) -> tuple[int, ...]:
-    """The ids a vision-language model reserves for pictures (none for a text model). Replies never sample them:
-    the engines suppress them and the trainer's log-softmax leaves them out the same way, so a reply holds no
-    placeholder the model would read as a picture's slot."""
+    """The ids a vision-language model reserves for pictures; replies never sample them."""
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     ids = {getattr(config, name, None) for name in names} if getattr(config, "vision_config", None) else set()
     return tuple(sorted(i for i in ids if isinstance(i, int)))
 
 
 def collapsed(prompt: Sequence[int]) -> list[int]:
-    """The prompt's ids with each picture's placeholder run cut to one placeholder: what a processor that expands
-    placeholders itself (vLLM's) takes beside the pictures."""
+    """Each placeholder run cut to one, for processors that expand them (vLLM's)."""
     images = images_of(prompt)
     if not images:
         return list(prompt)

@@ -1,6 +1,5 @@
-"""Text environments served over the roll_lightning env protocol (gRPC).
+"""Text environments served over the roll_lightning env protocol (gRPC); no torch needed.
 
-Installable and runnable without torch, transformers or vLLM: env hosts are small machines.
 `python -m env_servers serve sokoban frozenlake --port 50051`.
 """
 

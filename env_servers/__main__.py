@@ -1,10 +1,8 @@
 """`python -m env_servers serve sokoban frozenlake --port 50051` | `python -m env_servers describe sokoban` |
 `python -m env_servers openenv frozenlake --port 8000` (one env as an OpenEnv server).
 
-`serve` prints one JSON line when it is ready, e.g.
-``{"event": "serving", "address": "127.0.0.1:50051", "envs": ["sokoban"], "server_id": "...", "pid": 123}``
-(launchers such as `EnvPool(endpoints="local")` read it to learn the port chosen with ``--port 0``),
-then serves until SIGTERM/SIGINT and drains gracefully.
+`serve` prints one JSON line when ready (``{"event": "serving", "address": ..., ...}``; launchers read the port
+chosen by ``--port 0`` from it), then serves until SIGTERM/SIGINT and drains.
 """
 
 from __future__ import annotations
@@ -29,10 +27,9 @@ def _read(path: str | None) -> bytes | None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    """The bearer token from --token, --token-file or ROLL_ENV_TOKEN (in that order; None = no authentication).
+    """The bearer token from --token, --token-file or ROLL_ENV_TOKEN (None: no authentication).
 
-    A source that is given but yields no usable token is an error, never a quiet fallback to serving without
-    authentication: an empty or unreadable token file must not open the server to everyone."""
+    A given source without a usable token is an error, never a quiet fallback to serving without one."""
     from env_servers.server.guards import token_problem
 
     if args.token is not None and args.token_file is not None:
@@ -55,16 +52,15 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _die_with_parent(parent_pid: int | None) -> None:
-    """Arm Linux's parent-death signal (SIGTERM) when ``--parent-pid`` names our parent. Done here, after exec, and
-    not by the launcher between fork and exec: Python code run there (``preexec_fn``) in a launcher with threads
-    (gRPC, torch) can crash the child before it starts (SIGSEGV, seen in CI), as Python's docs warn."""
+    """Arm Linux's parent-death signal (SIGTERM) for ``--parent-pid``. Here, not in the launcher's
+    ``preexec_fn``: that can crash (SIGSEGV, seen in CI) in a launcher with threads, as Python's docs warn."""
     if parent_pid is None:
         return
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: the launcher stops us itself
         return
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed: do now what it would have done
+    if os.getppid() != parent_pid:  # it died before we armed the signal
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -110,8 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(json.dumps(line), flush=True)
 
     asyncio.run(serve_forever(config, announce=announce))
-    # The drain is over: env calls still running past it (a stuck env) are abandoned, not waited for. A normal
-    # exit would join the worker threads and could hang on them, so leave now.
+    # Drained: a normal exit would join worker threads, and could hang on a stuck env.
     logging.shutdown()
     sys.stdout.flush()
     os._exit(0)

@@ -1,29 +1,20 @@
-"""The contract between an environment class and the server runtime.
-
-An env is any class with GEM/Gymnasium text semantics:
+"""The contract between an env class and the server runtime (guide: docs/writing-an-env.md).
 
     env = MyEnv(config)                       # config: the env's own frozen dataclass
-    obs, info = env.reset(seed, options)      # seed: always an int (the runtime draws one if the client gave none)
+    obs, info = env.reset(seed, options)      # seed: always an int (drawn by the runtime if the client gave none)
     obs, reward, terminated, truncated, info = env.step(action_text)
-    spec = MyEnv.describe(config)             # an EnvSpec, served by DescribeEnv
+    spec = MyEnv.describe(config)             # an EnvSpec
 
-An observation is a string, or an `Observation`: text plus images, each image standing where the text holds
-an `IMAGE_MARKER` (one marker per image, in order; the proto header has the rules and limits, which
-`env_servers.images` checks).
+``obs`` is a string or an `Observation` (text with one `IMAGE_MARKER` per image). An env with ``EnvSpec.tools``
+gets an `Action` in ``step`` and answers each call with a `ToolResult`.
 
-Tool envs: an env whose `EnvSpec.tools` is not empty receives an `Action` (the reply's text and its parsed
-`ToolCall`s) in ``step`` instead of the text, and answers each call with a `ToolResult` in its `Observation`'s
-``tool_results`` (a bad call is a normal step: ``action_valid`` False, the env's penalty, an error result).
+Rules (checked by the conformance suite):
+- randomness comes from the reset seed via the instance's own RNG, never the process-global ones;
+- a bad reply is a normal step (``info["action_valid"] = False``, the env's penalty); an exception from
+  ``step`` is an env crash (INTERNAL);
+- ``info["metrics"]`` maps name -> float; the rest of ``info`` must be JSON-serialisable.
 
-Rules the runtime relies on (and the conformance tests check):
-- every instance owns its randomness (a `numpy.random.Generator` / `random.Random` built from the reset seed),
-  never the process-global RNGs, so the same seed gives the same start state whatever else the process runs;
-- a bad LLM reply is a normal step: set ``info["action_valid"] = False`` and apply the env's format penalty,
-  never raise; an exception from `step` is treated as an env crash (the item fails with INTERNAL);
-- ``info["metrics"]`` (name -> float) carries per-step metrics; everything else in ``info`` must be
-  JSON-serialisable and travels as a protobuf Struct.
-
-This module never imports grpc: an env can be written and unit-tested without the transport.
+No grpc here: an env can be written and tested without the transport.
 """
 
 from __future__ import annotations
@@ -54,10 +45,10 @@ class EnvSpec:
     reward_min: float
     reward_max: float
     deterministic: bool = True
-    # split name -> number of tasks; 0 means procedurally generated from the seed (unbounded).
+    # split name -> number of tasks; 0: generated from the seed (unbounded)
     splits: Mapping[str, int] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
-    tools: tuple[Tool, ...] = ()  # the tools the agent may call (empty: a text env)
+    tools: tuple[Tool, ...] = ()  # empty: a text env
 
 
 @dataclass(frozen=True)
@@ -71,8 +62,7 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the agent made: ``id`` (chosen by the client, echoed by the result), the tool's name, and the
-    arguments as the JSON text the model wrote (unparsed: a bad call is the env's to judge)."""
+    """One call the agent made; ``arguments`` is the model's JSON text, unparsed (the env judges a bad call)."""
 
     id: str
     name: str
@@ -81,7 +71,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What one call returned, under its call's id (``is_error``: the call failed, e.g. an unknown tool)."""
+    """What one call returned, under its call's id."""
 
     call_id: str
     name: str
@@ -91,19 +81,19 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Action:
-    """A tool env's step input: the reply's text and the calls parsed out of it (in order)."""
+    """A tool env's step input: the reply's text and its calls, in order."""
 
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
 
 
 IMAGE_MARKER = "<image>"
-"""Where an image stands in an observation's text: one marker per image, in the images' order."""
+"""Where an image stands in an observation's text, one per image, in order."""
 
 
 @dataclass(frozen=True)
 class Image:
-    """One encoded picture of an observation (``media_type`` ``image/png`` or ``image/jpeg``)."""
+    """One encoded picture (PNG or JPEG)."""
 
     data: bytes
     media_type: str = "image/png"
@@ -111,8 +101,7 @@ class Image:
 
 @dataclass(frozen=True)
 class Observation:
-    """What an env shows the agent beyond plain text: pictures (one `IMAGE_MARKER` in the text per image) and the
-    results of the calls the step carried (one per call, in the calls' order)."""
+    """An observation with pictures and/or tool results (one per call, in call order)."""
 
     text: str
     images: tuple[Image, ...] = ()
@@ -120,7 +109,7 @@ class Observation:
 
 
 class TextEnv(Protocol):
-    """Structural type of an env served by `env_servers` (see the module docstring)."""
+    """Structural type of an env (see the module docstring)."""
 
     def reset(
         self, seed: int, options: Mapping[str, Any] | None = None
@@ -130,10 +119,9 @@ class TextEnv(Protocol):
 
 
 def parse_config(config_cls: type, values: Mapping[str, Any] | None, *, env_id: str) -> Any:
-    """Build ``config_cls`` (a dataclass) from JSON-like ``values``, naming any bad key in the error.
+    """Build the dataclass ``config_cls`` from JSON-like ``values``; a ConfigError names any bad key.
 
-    Lists are accepted for tuple fields (JSON has no tuples); ints are accepted for float fields;
-    protobuf Struct numbers arrive as floats, so integral floats are accepted for int fields.
+    Lists fill tuple fields, and integral floats int fields (protobuf Struct numbers are floats).
     """
     values = dict(values or {})
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -183,7 +171,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
 
 
 def json_object(text: str, where: str) -> dict[str, Any]:
-    """Parse a config field that holds a JSON object (e.g. adapters' ``make_kwargs``); ValueError names the field."""
+    """Parse a config field holding a JSON object; ValueError names the field."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -194,7 +182,7 @@ def json_object(text: str, where: str) -> dict[str, Any]:
 
 
 def package_version(distribution: str) -> str:
-    """The installed version of ``distribution`` (an adapter's spec version names the library it wraps)."""
+    """The installed version of ``distribution``, or "unknown"."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -204,7 +192,7 @@ def package_version(distribution: str) -> str:
 
 
 def config_schema(config_cls: type) -> str:
-    """A JSON Schema (as text) of a config dataclass: field names, types and defaults."""
+    """A config dataclass as JSON Schema text."""
     hints = typing.get_type_hints(config_cls)
     props: dict[str, Any] = {}
     for f in dataclasses.fields(config_cls):

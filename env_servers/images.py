@@ -1,9 +1,4 @@
-"""The image rules of protocol v1 (env.proto's header, "Images").
-
-The server runtime refuses to send an observation that breaks a rule (`image_rule_broken` names the rule), and
-the conformance suite checks what any server sends with the same function. Envs draw their pictures with
-`env_servers.envs.png.encode_png` (numpy, no imaging library: the same pixels always give the same bytes).
-"""
+"""The image rules of protocol v1 (env.proto's header, "Images"), shared by the server and the conformance suite."""
 
 from __future__ import annotations
 
@@ -14,13 +9,13 @@ from env_servers.api import IMAGE_MARKER
 
 MAX_IMAGES = 8  # per observation
 MAX_IMAGE_BYTES = 2 * 1024 * 1024  # encoded data of one image
-MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}  # media type -> leading bytes
+MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
 
 def image_rule_broken(text: str, images: Sequence[Any]) -> str | None:
-    """The first image rule that an observation breaks, in words naming it; None when it keeps them all.
+    """The first image rule the observation breaks, in words; None if none.
 
-    ``images``: anything with ``data`` and ``media_type`` (`env_servers.api.Image` or the protobuf `Image`).
+    ``images``: anything with ``data`` and ``media_type`` (api or protobuf `Image`).
     """
     if len(images) > MAX_IMAGES:
         return f"{len(images)} images: at most {MAX_IMAGES} per observation"

@@ -27,7 +27,7 @@ class EnvEntry:
 
 
 _REGISTRY: dict[str, EnvEntry] = {}
-# Families of ids served by an adapter: prefix -> (module that provides it, function id -> EnvEntry).
+# id prefix -> factory(id) -> EnvEntry, for id families served by an adapter
 _PREFIXES: dict[str, Callable[[str], EnvEntry]] = {}
 _ADAPTER_MODULES = {
     "gem:": "env_servers.envs.gem_adapter",
@@ -70,7 +70,7 @@ def get_env(env_id: str) -> EnvEntry:
         return _REGISTRY[env_id]
     for prefix, module in _ADAPTER_MODULES.items():
         if env_id.startswith(prefix) and prefix not in _PREFIXES:
-            importlib.import_module(module)  # an optional adapter: imported only when one of its ids is asked for
+            importlib.import_module(module)  # optional: imported on first use
     for prefix, factory in _PREFIXES.items():
         if env_id.startswith(prefix):
             _REGISTRY[env_id] = factory(env_id)

@@ -1,9 +1,6 @@
-"""A small JSON Schema checker for tool arguments: the subset tool schemas use, with no dependency.
+"""A small JSON Schema checker for tool arguments; unsupported keywords are ignored.
 
-Supported keywords: ``type`` (a name or a list of names), ``properties``, ``required``, ``additionalProperties``
-(a boolean or a schema), ``items``, ``enum``, ``minimum``/``maximum``, ``minLength``/``maxLength``; other keywords
-are ignored (accepted). `jsonschema` is not used because env hosts install only the core dependencies, and the
-same arguments must be judged the same on every host.
+Not `jsonschema`: env hosts install only the core dependencies, and every host must judge arguments alike.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ _TYPES = {
 
 
 def schema_error(schema: Mapping[str, Any], value: Any, where: str = "arguments") -> str | None:
-    """The first way ``value`` breaks ``schema``, as a sentence naming the place (``arguments.x``); None if it fits."""
+    """The first way ``value`` breaks ``schema``, naming the place (``arguments.x``); None if it fits."""
     kinds = schema.get("type")
     if kinds is not None:
         names = [kinds] if isinstance(kinds, str) else list(kinds)

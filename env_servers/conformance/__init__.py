@@ -5,16 +5,9 @@
     python -m env_servers conformance --launch "node server.js guess_number --port {port} --max-sessions 8 \\
         --session-ttl 2" --env guess_number
 
-It speaks the raw protocol (no roll_lightning client logic in between) and checks each rule of the header of
-protos/roll_lightning/protocol/v1/env.proto; docs/writing-an-env.md lists the rules with their check names. It
-prints PASS, FAIL (with the reason) or SKIP (with why the rule does not apply or what the suite needs to check
-it) per check, and exits 1 if any check failed. It closes every session it opens.
-
-Options that unlock checks: ``--second`` (another process of the same server: cross-process determinism), a
-server with ``--max-sessions`` <= 64 (capacity) and ``--session-ttl`` <= 5 (idle reaping), ``--token``
-(UNAUTHENTICATED without it), ``--crash-action`` (INTERNAL for an env that raises) and ``--launch`` (the suite
-starts the server itself, ``{port}`` replaced by a free port: NOT_SERVING while loading, and the drain rule,
-which ends by stopping the server with SIGTERM).
+It speaks the raw protocol and checks each rule of env.proto's header (docs/writing-an-env.md lists them with
+their check names and the options that unlock some), printing PASS, FAIL or SKIP with the reason per check; it
+exits 1 if any failed.
 """
 
 from __future__ import annotations
@@ -53,7 +46,7 @@ from env_servers.conformance.runner import CheckResult, run_conformance
 from env_servers.conformance.target import CheckFailed, Skipped, Suite
 from env_servers.conformance.tools import check_tools
 
-CHECKS = {  # in the order they run; "drain" stops the server, so it is last
+CHECKS = {  # in run order; "drain" stops the server, so it is last
     "health": check_health,
     "reflection": check_reflection,
     "server-info": check_server_info,

@@ -1,9 +1,7 @@
 """The image rules (env.proto's header, "Images"), checked on servers that advertise "images".
 
-Every answer of a few seeded episodes, over Reset and Step (and BatchReset, BatchStep and the Stream when those
-are advertised), must keep the rules: one "<image>" marker per image, at most 8 images, each at most 2 MiB, a
-PNG or JPEG media type whose magic bytes start the data; and the same seed gives the same image bytes. An env
-that sends no images keeps them trivially.
+Every answer of a few seeded episodes, over each advertised RPC, must keep them, and the same seed must give
+the same image bytes.
 """
 
 from __future__ import annotations
@@ -15,10 +13,10 @@ from env_servers.conformance.target import CODE, Suite, expect, rid, step_reques
 from env_servers.images import image_rule_broken
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
-MAX_STEPS = 10  # steps played per episode at most
+MAX_STEPS = 10
 SEEDS = (0, 7, 2**40 + 3)
 
-Trace = list[tuple[str, tuple[tuple[str, bytes], ...]]]  # per answer: the text and its (media type, data) pairs
+Trace = list[tuple[str, tuple[tuple[str, bytes], ...]]]  # per answer: text, ((media type, data), ...)
 
 
 def _record(trace: Trace, where: str, answer: Any) -> None:
@@ -42,7 +40,7 @@ def _play_unary(s: Suite, seed: int, target: Any = None) -> Trace:
 
 
 def _play_batched(s: Suite, seed: int) -> Trace:
-    """The same episode over BatchReset and BatchStep (one item each: the rules are per item)."""
+    """The same episode over BatchReset and BatchStep, one item each."""
     t, trace = s.t, []
     session = t.open()
     reset = pb.ResetRequest(session_id=session, seed=seed, request_id=rid())

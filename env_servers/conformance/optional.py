@@ -1,8 +1,5 @@
-"""Rules that apply only to some servers: advertised capabilities (batch, batch-mixed, stream; "images" has its own
-module), and rules the suite can check only when told how (a small capacity or TTL to fill or wait out, an action
-that crashes the env, the token, a server process it started itself for the loading and drain rules).
-
-A check that does not apply raises `Skipped` with the reason, and the run reports it as SKIP, never as PASS.
+"""Rules that apply only to some servers: advertised capabilities, and rules the suite can check only when told
+how (small capacity or TTL, a crashing action, the token, a launched server). Otherwise a check is `Skipped`.
 """
 
 from __future__ import annotations
@@ -169,8 +166,7 @@ def check_loading(s: Suite) -> None:
 
 
 def check_drain(s: Suite) -> None:
-    """Last: it stops the server. SIGTERM, then: NOT_SERVING and draining at once, new sessions and episodes
-    refused with UNAVAILABLE "draining", the episode in progress stepped to its end, and the process gone."""
+    """Last: SIGTERM the server, then check the drain rule and that the process exits."""
     if s.launched is None:
         raise Skipped("the server was not started by the suite (--launch): the drain rule needs to SIGTERM it")
     t = s.t

@@ -162,8 +162,7 @@ def check_replay(s: Suite) -> None:
 
 
 def check_replay_scope(s: Suite) -> None:
-    """Two sessions use the same request ids, as the trainer does ("1", "2", ... per session): each answer must
-    be its own session's (a replay cache keyed by request_id server-wide answers the second with the first's)."""
+    """Request ids are per session (the trainer reuses "1", "2", ... in every session)."""
     t = s.t
     a, b = t.open(), t.open()
     ra, rb = t.reset(a, 1, request_id="1"), t.reset(b, 2, request_id="1")
@@ -256,9 +255,8 @@ def check_action_size_limit(s: Suite) -> None:
 
 
 def check_deadline(s: Suite) -> None:
-    # A Step sent with a 1 µs deadline may expire anywhere: before the server sees it, while it runs, or not at
-    # all (timers are coarse and a fast server on loopback can beat them). Whatever happened, the retry with the
-    # same request_id must give exactly the answer of an undisturbed episode: the step ran once, or not yet.
+    # A 1 µs deadline may expire anywhere, or not at all; either way the retry must give exactly the undisturbed
+    # answer (the step ran once, or not yet).
     t = s.t
     for seed in range(10):
         reference = t.open()

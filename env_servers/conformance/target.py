@@ -1,7 +1,6 @@
-"""The suite's view of a server: raw stubs (no roll_lightning client logic in between) and the sessions it opened.
+"""The suite's view of a server: raw stubs and the sessions it opened.
 
-Every session a check opens is recorded and closed when the check ends, so a run leaves nothing behind and a
-server with a small ``--max-sessions`` passes every check.
+Each check's sessions are closed when it ends, so a server with a small ``--max-sessions`` passes every check.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ class CheckFailed(AssertionError):
 
 
 class Skipped(Exception):  # noqa: N818 (an outcome, not an error)
-    """The rule does not apply to this server (a capability it does not advertise) or needs a suite option."""
+    """The rule does not apply to this server, or needs a suite option."""
 
 
 def expect(condition: bool, message: str) -> None:
@@ -92,7 +91,7 @@ class Target:
         return self.call("Step", step_request(session_id, episode_id, index, text, request_id or rid()))
 
     def close_opened(self) -> None:
-        """Close what the last check opened (best effort: a check may have left the server unreachable)."""
+        """Close what the last check opened, best effort."""
         for session_id in self.opened:
             try:
                 self.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
@@ -117,16 +116,16 @@ def step_request(session: str, episode: str, index: int, text: str = "x", reques
 
 @dataclass
 class Suite:
-    """What every check gets: the server under test, the env's spec and the run's options."""
+    """What every check gets: the server, the env's spec and the run's options."""
 
     t: Target
     spec: pb.EnvSpec
     info: pb.ServerInfo
     second: Target | None = None
-    garbage: str = "\u2603 not an action at all \u2603"  # a reply the env must refuse ("" = skip that rule)
-    crash_action: str | None = None  # an action that makes the env raise (the INTERNAL rule)
-    launched: Any = None  # the server process, when the suite started it (--launch): loading and drain rules
-    loading_states: list[str] = field(default_factory=list)  # health answers seen while it started
+    garbage: str = "\u2603 not an action at all \u2603"  # "" skips that rule
+    crash_action: str | None = None
+    launched: Any = None  # --launch's process
+    loading_states: list[str] = field(default_factory=list)
 
     def needs(self, capability: str) -> None:
         if capability not in self.info.capabilities:

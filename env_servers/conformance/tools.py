@@ -1,11 +1,7 @@
 """The tool rules (env.proto's header, "Tools"), checked on servers that advertise "tools".
 
-For an env with tools: its spec lists them with a name and a JSON object schema; a valid call gets exactly one
-result carrying its id (over Step, and BatchStep and the Stream when advertised); an unknown tool, arguments that
-are not JSON, arguments failing the schema and a repeated id are each a normal step with action_valid=false, a
-reward within the spec's bounds and an error result per call (never an RPC error); a Step with text alone is a
-normal step with no results. For an env without tools: a Step with a call is action_valid=false with an error
-result, never an RPC error.
+A valid call gets one result with its id; each kind of bad call is a normal step with action_valid=false and
+an error result, never an RPC error.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ _SAMPLES = {"string": "1", "number": 1, "integer": 1, "boolean": False, "array":
 
 
 def sample_arguments(schema: dict[str, Any]) -> dict[str, Any]:
-    """Arguments that fit a simple object schema: each required property given a value of its type."""
+    """Arguments that fit a simple object schema (required properties only)."""
     properties = schema.get("properties") or {}
     out = {}
     for name in schema.get("required") or ():
@@ -50,7 +46,7 @@ def _call(call_id: str, name: str, arguments: str) -> pb.ToolCall:
 
 
 def _first_step(s: Suite, calls: list[pb.ToolCall], text: str = "") -> pb.StepResult:
-    """A fresh episode's first step carrying ``calls`` (an RPC error fails the check: it must be a normal step)."""
+    """A fresh episode's first step carrying ``calls``; an RPC error fails the check."""
     session = s.t.open()
     episode = s.t.reset(session, 11).episode_id
     request = step_request(session, episode, 0, text)

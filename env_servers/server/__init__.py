@@ -1,4 +1,4 @@
-"""The server runtime: turns registered env classes into an EnvService gRPC server."""
+"""The server runtime: registered env classes served as an EnvService gRPC server."""
 
 from env_servers.server.app import EnvServer, RunningServer, ServerConfig, serve_forever
 

@@ -1,7 +1,6 @@
-"""Assemble and run an env server: EnvService + grpc.health.v1 + reflection, TLS, bearer token, reaper, drain.
+"""Assemble and run an env server: EnvService, health, reflection, TLS, bearer token, reaper, drain.
 
-`EnvServer` is usable from asyncio code (`await server.start()`), from a plain thread
-(`EnvServer.run_in_thread(...)`, used by tests and benchmarks) and from the CLI (`python -m env_servers serve`).
+Start it with `await server.start()`, `EnvServer.run_in_thread(...)` or `python -m env_servers serve`.
 """
 
 from __future__ import annotations
@@ -25,32 +24,31 @@ from env_servers.server.sessions import SessionTable
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 log = logging.getLogger("env_servers")
-SEND_LIMIT_BYTES = 64 * 1024 * 1024  # answers are not bounded by the action size: one observation may
-# carry 8 images of 2 MiB (env.proto), and a batch several observations
+SEND_LIMIT_BYTES = 64 * 1024 * 1024  # a batch of observations with up to 8 x 2 MiB images each
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-DRAIN_POLL_S = 0.05  # how often a draining server looks for episodes still in progress
+DRAIN_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything `python -m env_servers serve` can set; the field docs are the CLI help."""
+    """Everything `python -m env_servers serve` can set."""
 
     env_ids: tuple[str, ...]
     host: str = "127.0.0.1"
-    port: int = 0  # 0 = pick a free port (reported by `EnvServer.port`)
+    port: int = 0  # 0: a free port (`EnvServer.port`)
     max_sessions: int = 4096
     session_ttl_s: float = 600.0
     max_action_bytes: int = 65536
-    max_message_bytes: int | None = None  # receive limit; None = `receive_limit(max_action_bytes)`
+    max_message_bytes: int | None = None  # None: `receive_limit(max_action_bytes)`
     workers: int = 4
     drain_seconds: float = 10.0
     token: str | None = None
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
-    seed: int | None = None  # seeds the per-session RNGs that draw seeds for unseeded Resets
-    env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # env id -> operator config
-    reflection_versions: tuple[str, ...] = ("v1", "v1alpha")  # grpc.reflection versions served (env.proto)
+    seed: int | None = None  # for the seeds of unseeded Resets
+    env_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    reflection_versions: tuple[str, ...] = ("v1", "v1alpha")
 
     def __post_init__(self) -> None:
         if not self.env_ids:
@@ -72,13 +70,13 @@ class ServerConfig:
 
     @property
     def receive_bytes(self) -> int:
-        """The largest request message the server reads (larger ones get RESOURCE_EXHAUSTED from gRPC)."""
+        """The largest request the server reads (larger: RESOURCE_EXHAUSTED)."""
         return self.max_message_bytes or receive_limit(self.max_action_bytes)
 
 
 def add_reflection(server: grpc.aio.Server, versions: tuple[str, ...]) -> None:
-    """Server reflection (grpcurl, the conformance suite) as grpc.reflection.v1 and/or v1alpha. grpcio-reflection
-    ships v1alpha only; v1 has the same messages under another service name, so the same servicer serves it."""
+    """Server reflection as grpc.reflection.v1 and/or v1alpha. grpcio-reflection ships v1alpha only; v1 has the
+    same messages under another name, so the same servicer serves it."""
     v1 = "grpc.reflection.v1.ServerReflection"
     names = (SERVICE_NAME, "grpc.health.v1.Health", *((reflection.SERVICE_NAME,) if "v1alpha" in versions else ()))
     names = (*names, *((v1,) if "v1" in versions else ()))
@@ -109,7 +107,7 @@ class EnvServer:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._stopped: asyncio.Event | None = None  # created on the server's loop in start()
+        self._stopped: asyncio.Event | None = None  # made on the server's loop
 
     @property
     def address(self) -> str:
@@ -117,7 +115,7 @@ class EnvServer:
 
     async def start(self) -> None:
         cfg = self.config
-        # The token check comes first: a refused call is answered before anything reads or decodes its body.
+        # Token first: a refused call is answered before anything reads its body.
         interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard(cfg.max_action_bytes)]
         if cfg.token is not None:
             interceptors.insert(0, TokenInterceptor(cfg.token))
@@ -125,9 +123,8 @@ class EnvServer:
             ("grpc.max_receive_message_length", cfg.receive_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes or SEND_LIMIT_BYTES),
             ("grpc.so_reuseport", 0),
-            # No bandwidth-delay probing: it widens a stream's receive window to megabytes, which the transport fills
-            # before the token check refuses the call (16 refused 15 MB requests grew a server 6-29 MB; 1.5 MB
-            # without). Requests are actions, kilobytes; the large messages (pictures) go the other way.
+            # BDP probing widens the receive window to megabytes, filled before the token check refuses a call
+            # (16 refused 15 MB requests grew a server 6-29 MB; 1.5 MB without). Requests are small.
             ("grpc.http2.bdp_probe", 0),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
@@ -135,7 +132,7 @@ class EnvServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         add_reflection(server, cfg.reflection_versions)
         for name in ("", SERVICE_NAME):
-            await self.health.set(name, NOT_SERVING)  # until the envs have loaded
+            await self.health.set(name, NOT_SERVING)
         target = f"{cfg.host}:{cfg.port}"
         if cfg.tls_cert is not None:
             creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
@@ -147,7 +144,7 @@ class EnvServer:
         await server.start()
         self._server = server
         self._stopped = asyncio.Event()
-        # Loading = building one env of each kind (imports, caches); only then advertise SERVING.
+        # SERVING only once one env of each kind has been built (imports, caches).
         await asyncio.get_running_loop().run_in_executor(None, self._warm_up)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, SERVING)
@@ -167,9 +164,8 @@ class EnvServer:
                 log.info("closed %d idle sessions", closed)
 
     async def drain_and_stop(self, grace: float | None = None) -> None:
-        """Graceful drain (env.proto, "Draining"): NOT_SERVING and new sessions and episodes refused at once;
-        steps keep being served until no episode is in progress or ``grace`` (default: the drain period) is
-        over; then stop, cutting off only the calls still open."""
+        """Graceful drain (env.proto, "Draining"): refuse new work, serve steps until no episode is in progress
+        or ``grace`` (default: the drain period) is over, then stop."""
         if self._server is None:
             return
         self.service.draining = True
@@ -180,7 +176,7 @@ class EnvServer:
             await asyncio.sleep(min(DRAIN_POLL_S, max(0.0, deadline - loop.time())))
         if self._reaper:
             self._reaper.cancel()
-        await self._server.stop(max(0.1, min(1.0, deadline - loop.time())))  # the answers being sent now
+        await self._server.stop(max(0.1, min(1.0, deadline - loop.time())))
         self.service.pool.shutdown(wait=False, cancel_futures=True)
         self._server = None
         self._stopped.set()
@@ -190,7 +186,7 @@ class EnvServer:
 
     @classmethod
     def run_in_thread(cls, config: ServerConfig) -> RunningServer:
-        """Start a server on a private event loop in a daemon thread (tests, benchmarks, notebooks)."""
+        """Start a server on a private event loop in a daemon thread."""
         server = cls(config)
         loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -200,7 +196,7 @@ class EnvServer:
             asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(server.start())
-            except BaseException as exc:  # surface bind errors to the caller
+            except BaseException as exc:  # re-raised in the caller
                 failure.append(exc)
                 ready.set()
                 return
@@ -232,7 +228,7 @@ class RunningServer:
 
 
 async def serve_forever(config: ServerConfig, *, announce: Any = None) -> None:
-    """Run until SIGTERM/SIGINT, then drain gracefully (the CLI's main loop)."""
+    """Run until SIGTERM/SIGINT, then drain."""
     server = EnvServer(config)
     await server.start()
     if announce:

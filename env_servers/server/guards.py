@@ -1,15 +1,7 @@
-"""What an env server refuses before a handler runs: the size rule, the bearer-token check, undecodable messages.
+"""What an env server refuses before a handler runs: oversized, unauthenticated and undecodable requests.
 
-The order matters for memory. gRPC reads a unary request's whole body before it calls the handler (and
-decodes it there), so a check inside the handler comes too late to save anything. Instead:
-
-1. `receive_limit` sets ``grpc.max_receive_message_length``: the transport stops reading a message once its
-   length prefix is over the limit and answers RESOURCE_EXHAUSTED; the handler never sees it.
-2. `TokenInterceptor` runs on the call's headers alone. A refused call gets a streaming handler that aborts
-   with UNAUTHENTICATED without ever asking for the request, so its body is never buffered or decoded.
-3. `DecodeGuard` turns bytes that are not a valid message into INVALID_ARGUMENT (grpc's default is UNKNOWN and a
-   logged traceback; on the `Stream` RPC, a call left open forever). A unary Step whose encoded size is
-   already over `max_action_bytes` plus room for its other fields is refused before it is decoded.
+gRPC reads a unary request's whole body before calling its handler, so these checks live in the transport
+options and interceptors instead (docs/security.md has the guarantees).
 """
 
 from __future__ import annotations
@@ -24,23 +16,20 @@ from google.protobuf.message import DecodeError
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
-# The largest request a client is expected to send is a BatchStep of `EnvPool`'s default max_batch (256) items,
-# each with an action of max_action_bytes. Besides the action an item carries ids and a step index (about 160
-# bytes measured with uuid-sized ids); ITEM_FIELDS_BYTES leaves room for reset options too.
+# The largest expected request: a BatchStep of `EnvPool`'s default 256 items at max_action_bytes each. An item's
+# other fields take ~160 bytes with uuid ids; ITEM_FIELDS_BYTES leaves room for reset options too.
 BATCH_ITEMS = 256
 ITEM_FIELDS_BYTES = 1024
-HEADROOM_BYTES = 1024 * 1024  # CreateSession configs and DescribeEnv requests, whatever the action size
+HEADROOM_BYTES = 1024 * 1024  # configs, whatever the action size
 
 
 def receive_limit(max_action_bytes: int) -> int:
-    """The receive-size limit for a server accepting actions of up to ``max_action_bytes``:
-    ``256 * (max_action_bytes + 1 KiB) + 1 MiB`` (17.25 MiB for the default 64 KiB actions)."""
+    """The receive-size limit: 17.25 MiB for the default 64 KiB actions."""
     return BATCH_ITEMS * (max_action_bytes + ITEM_FIELDS_BYTES) + HEADROOM_BYTES
 
 
 def token_problem(token: str) -> str | None:
-    """Why ``token`` cannot be a bearer token (None when it can): gRPC metadata values are printable ASCII, and a
-    blank token would mean "no authentication" by accident."""
+    """Why ``token`` cannot be a bearer token (gRPC metadata is printable ASCII; blank means none), or None."""
     if not token.strip():
         return "is empty (whitespace only)"
     if not all(33 <= ord(ch) <= 126 for ch in token):
@@ -49,8 +38,7 @@ def token_problem(token: str) -> str | None:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on EnvService calls (health and reflection stay open, for load
-    balancers and grpcurl). Decided from the headers alone, before any of the request body is read."""
+    """Requires ``authorization: Bearer <token>`` on EnvService calls, judged from the headers alone."""
 
     def __init__(self, token: str) -> None:
         problem = token_problem(token)
@@ -72,9 +60,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     """A handler that ends the call with ``code`` and never reads the request.
 
-    Streaming on purpose, whatever the method's real shape: gRPC reads a unary request in full before calling
-    its handler, but hands a streaming one an iterator that reads nothing until asked. The wire format is the
-    same, so a unary client just sees the status."""
+    Streaming whatever the method's shape: a streaming handler's request iterator reads nothing until asked,
+    and the wire format is the same, so a unary client just sees the status."""
 
     async def refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
@@ -83,15 +70,15 @@ def _refusal(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
 
 
 class _Malformed:
-    """Stands in for a request whose bytes are not a valid message, so the call can be refused cleanly."""
+    """Stands in for an undecodable request, so the call can be refused cleanly."""
 
     def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
         self.message, self.code = message, code
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):
-    """Undecodable requests get INVALID_ARGUMENT, on unary calls and on the `Stream` RPC (which it then closes, after
-    answering what came before); an oversized unary Step is refused without being decoded."""
+    """Undecodable requests get INVALID_ARGUMENT (grpc's default: UNKNOWN, or a `Stream` left open); an oversized
+    unary Step is refused undecoded."""
 
     def __init__(self, max_action_bytes: int) -> None:
         self._max_step_bytes = max_action_bytes + ITEM_FIELDS_BYTES
@@ -105,7 +92,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             return self._guard_stream(handler, f"{name}Request")
         if handler.unary_unary is not None:
             return self._guard_unary(handler, name)
-        return handler  # EnvService has no other shapes
+        return handler
 
     def _safe_decode(self, decode: Callable[[bytes], Any], type_name: str, size_limit: int | None) -> Any:
         def safe_decode(data: bytes) -> Any:
@@ -146,7 +133,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
                 async for request in requests:
                     if isinstance(request, _Malformed):
                         bad.append(request)
-                        return  # the handler sees the end of its input and answers what it already has
+                        return  # answer what came before
                     yield request
 
             async for response in behaviour(until_malformed(), context):

@@ -1,12 +1,8 @@
-"""The EnvService gRPC handlers (grpc.aio): unary, batched and streamed access to a `SessionTable`.
+"""The EnvService gRPC handlers (grpc.aio) over a `SessionTable`.
 
-Env code runs on a thread pool, so a slow Reset (level generation) or a slow env step cannot stall health
-checks or other sessions. A batch runs as one job on the pool (one thread hop per batch, not per item), and
-deadlines are honoured item by item: an item whose deadline has passed before it starts is answered
-DEADLINE_EXCEEDED without touching the env, so a retry runs it exactly once.
-
-Where a batch runs (on the event loop, as one pool job, or spread over the pool's threads) is chosen per batch
-by `placement.BatchPlacement`, from what its items have cost so far.
+Env code runs off the event loop (a batch where `BatchPlacement` says), so a slow env cannot stall health
+checks or other sessions. A batch item whose deadline has passed is answered DEADLINE_EXCEEDED without
+touching the env, so a retry runs it exactly once.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ CAPABILITIES = (
     "batch-mixed",
     "stream",
     "images",
-    "tools",  # every env takes tool calls: a tool env its own, a text env as bad calls (server/tools.py)
-)  # the optional parts of the protocol served here (env.proto)
+    "tools",  # a text env answers calls as bad calls
+)
 T = TypeVar("T")
 
 
@@ -44,15 +40,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env")
         self.placement = BatchPlacement()
 
-    # -- helpers -------------------------------------------------------------------------------------
-
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the pool and turn a ProtocolError into the RPC's status."""
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline expired before the call started")
         try:
-            # shield: if the client gives up, the work still finishes and is replayable by request_id.
+            # shielded: if the client gives up, the work still finishes and is replayable by request_id.
             return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.pool, fn))
         except ProtocolError as err:
             await context.abort(err.code, err.message)
@@ -81,8 +75,6 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def _deadline(context: grpc.aio.ServicerContext) -> float | None:
         remaining = context.time_remaining()
         return None if remaining is None else time.monotonic() + remaining
-
-    # -- RPCs ----------------------------------------------------------------------------------------
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: Any) -> pb.ServerInfo:
         return pb.ServerInfo(
@@ -118,7 +110,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return pb.BatchResetResponse(items=items)
 
     async def BatchStep(self, request: pb.BatchStepRequest, context: Any) -> pb.BatchStepResponse:
-        # `resets` ride along ("batch-mixed"): one RPC instead of a BatchStep plus a BatchReset per turn.
+        # `resets` ride along ("batch-mixed"): one RPC a turn instead of two.
         if not request.resets:
             (items,) = await self._run_batch({"step": request.items}, context)
             return pb.BatchStepResponse(items=items)
@@ -126,7 +118,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return pb.BatchStepResponse(items=items, resets=resets)
 
     async def _run_batch(self, parts: dict[str, Any], context: Any) -> list[list[Any]]:
-        """Run a batch's parts (kind -> items) where `BatchPlacement` says, recording each kind's cost per item."""
+        """Run a batch's parts (kind -> items) where `BatchPlacement` says, recording their cost."""
         deadline = self._deadline(context)
 
         def run() -> list[list[Any]]:
@@ -150,8 +142,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return await self._run_spread(parts, deadline)
 
     def _waits_on_io(self, parts: dict[str, Any]) -> bool:
-        """Whether an item's env says its calls wait on I/O (``waits_on_io``: a remote env, a tool server): their
-        latencies overlap on many threads, however cheap each call is in CPU."""
+        """Whether any item's env declares ``waits_on_io`` (then spread, however cheap in CPU)."""
         for items in parts.values():
             for item in items:
                 session = self.table.find(item.session_id)
@@ -160,8 +151,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return False
 
     async def _run_spread(self, parts: dict[str, Any], deadline: float | None) -> list[list[Any]]:
-        """Slow items (an env waiting on I/O, a subprocess, a remote API) run on many pool threads at once: one
-        job for the whole batch would add their latencies up. Each session is still stepped by one thread."""
+        """Run the items over many pool threads at once, so slow items' latencies overlap."""
         loop = asyncio.get_running_loop()
         workers = max(1, self.pool._max_workers)
         out = []
@@ -173,7 +163,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             start = time.perf_counter()
             jobs = [loop.run_in_executor(self.pool, self._batch, chunk, run_item, failed, deadline) for chunk in chunks]
             answered = await asyncio.shield(asyncio.gather(*jobs))
-            # chunk i holds items i, i+W, i+2W, ...: put them back in request order
+            # chunk i holds items i, i+W, ...: restore request order
             results: list[Any] = [None] * len(items)
             for i, chunk_results in enumerate(answered):
                 results[i :: len(chunks)] = chunk_results
@@ -185,9 +175,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def Stream(
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any
     ) -> AsyncIterator[pb.StreamResponse]:
-        # Requests that arrive while earlier ones run are answered together in one pool job (one thread hop for
-        # many messages, as in BatchStep); up to `workers` jobs run at once, so one slow env does not hold up
-        # a stream's other sessions for long.
+        # Requests arriving while earlier ones run are answered together in one pool job; up to `workers` jobs
+        # run at once, so one slow env does not hold up the stream's other sessions.
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[pb.StreamResponse | None] = asyncio.Queue()
         waiting: list[pb.StreamRequest] = []
@@ -218,7 +207,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 async for req in request_iterator:
                     waiting.append(req)
                     arrived.set()
-            finally:  # however reading ends (end of input, a broken call), the dispatcher must wake to finish
+            finally:  # however reading ends, wake the dispatcher to finish
                 arrived.set()
 
         async def dispatch(reader: asyncio.Task[None]) -> None:
@@ -250,7 +239,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             reader.cancel()
             dispatcher.cancel()
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            raise reader.exception()  # the call ends with a status (what came before it was answered)
+            raise reader.exception()  # end the call with its status
 
 
 __all__ = ["EnvService", "PROTOCOL_VERSION"]

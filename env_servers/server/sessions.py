@@ -1,18 +1,7 @@
-"""Sessions and the episode state machine: ids, step ordering, idempotent replay, capacity, idle reaping.
+"""Sessions and the episode state machine (the rules of env.proto's header); `service.py` owns the transport.
 
-This module owns the protocol's *rules*; `service.py` owns the transport. Every function here is
-synchronous and runs on a worker thread (env calls can take milliseconds to seconds); a per-session lock
-serialises calls to one session, so two retries racing each other still see a consistent state.
-
-Rules (see protos/roll_lightning/protocol/v1/env.proto):
-- Reset/Step/CreateSession carry a client request_id; the same request_id on the latest call of its kind
-  replays the cached answer instead of running the env again.
-- Step must name the current episode_id and the next step_index; anything else is FAILED_PRECONDITION.
-- An exception inside the env aborts that episode (INTERNAL); the session survives and can Reset.
-- A Step's tool calls are checked here before the env sees them, and the env's results after (`tools.py` has
-  the rule for bad calls).
-- An observation is text, or text with images (`env_servers.api.Observation`); one that breaks an image rule is
-  never sent: the item fails with INTERNAL naming the rule, and the episode is aborted.
+Everything here is synchronous and may run on a worker thread; a per-session lock serialises calls to one
+session, so racing retries see a consistent state.
 """
 
 from __future__ import annotations
@@ -57,7 +46,7 @@ class ProtocolError(Exception):
         return pb.Status(code=self.code.value[0], message=self.message)
 
 
-# A draining server's refusal of new work: UNAVAILABLE with a message that starts with "draining" (the spec).
+# UNAVAILABLE's message for new work while draining; the spec requires the "draining" prefix.
 DRAINING = "draining: the server is shutting down; start new sessions and episodes on another server"
 
 
@@ -101,11 +90,11 @@ def _jsonable(value: Any) -> Any:
 
 
 class Answered(NamedTuple):
-    """The latest answer of one kind (Reset or Step), kept so that a retry with its request_id gets it again."""
+    """The latest Reset or Step answer, replayed to a retry with its request_id."""
 
     request_id: str
     step_index: int  # a Reset's is 0
-    result: Any  # pb.ResetResult or pb.StepResult
+    result: Any
 
 
 @dataclass(eq=False)
@@ -128,7 +117,7 @@ class Session:
 
     @property
     def in_progress(self) -> bool:
-        """An episode has been reset and has not ended (a draining server waits for these)."""
+        """An episode was reset and has not ended."""
         return self.episode_id is not None and not self.done
 
     def reset(self, req: pb.ResetRequest, *, draining: bool = False) -> pb.ResetResult:
@@ -141,7 +130,7 @@ class Session:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"request_id '{req.request_id}' is a stale Reset: episode {self.episode_id} has moved on",
             )
-        if draining:  # a replay above is still answered; a new episode is not started
+        if draining:
             raise ProtocolError(grpc.StatusCode.UNAVAILABLE, DRAINING)
         seed = req.seed if req.HasField("seed") else int(self.rng.integers(0, 2**63))
         options = json_format.MessageToDict(req.options) if req.HasField("options") else None
@@ -149,7 +138,7 @@ class Session:
         try:
             obs, info = self.env.reset(seed, options)
             text, images = _observation(obs)
-            # An unset status reads as code 0 (OK): not building it saves a message per item on the hot path.
+            # An unset status reads as OK: not building one saves a message per item.
             result = pb.ResetResult(session_id=self.session_id, seed=seed, observation=text)
             if images:
                 result.images.extend(images)
@@ -157,7 +146,7 @@ class Session:
                 result.info.update(_jsonable(info))
         except ProtocolError:
             raise
-        except Exception as exc:  # the env's own bug: fail this item, keep serving
+        except Exception as exc:
             raise ProtocolError(grpc.StatusCode.INTERNAL, _env_fault(self.spec.env_id, "reset", exc)) from exc
         self.episode_id = result.episode_id = _new_id("ep")
         self.last_reset = Answered(req.request_id, 0, result)
@@ -169,7 +158,7 @@ class Session:
         if not req.episode_id:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "episode_id is required")
         text = req.action.text
-        # A UTF-8 character is at most 4 bytes: short texts need no encoding to be known to fit.
+        # A UTF-8 character is at most 4 bytes: short texts fit without encoding.
         size = len(text) if 4 * len(text) <= max_action_bytes else len(text.encode("utf-8"))
         if size > max_action_bytes:
             raise ProtocolError(
@@ -199,7 +188,7 @@ class Session:
         start = time.perf_counter()
         calls = req.action.tool_calls
         try:
-            if self.toolbox is None and not calls:  # a text env's step (the hot path): the text alone
+            if self.toolbox is None and not calls:  # the hot path
                 obs, reward, terminated, truncated, info = self.env.step(text)
                 results = bad = None
             else:
@@ -214,7 +203,7 @@ class Session:
             if not math.isfinite(reward):
                 raise ValueError(f"non-finite reward {reward}")
             info = info or {}
-            if obs.__class__ is str and IMAGE_MARKER not in obs:  # text alone (the hot path): no call, no tuple
+            if obs.__class__ is str and IMAGE_MARKER not in obs:  # the hot path
                 text, images = obs, None
             else:
                 text, images = _observation(obs)
@@ -237,12 +226,12 @@ class Session:
                     result.action_valid = False
             metrics = info.get("metrics")
             if metrics:
-                target = result.metrics  # item by item: the map's update() is a slow generic Python loop
+                target = result.metrics  # update() on the map is slower
                 for name, value in metrics.items():
                     target[str(name)] = float(value)
-                if bad and "action_valid" in target:  # the runtime's verdict on the calls overrides the env's
+                if bad and "action_valid" in target:  # the runtime's verdict wins
                     target["action_valid"] = 0.0
-            # The env's dict is read, never modified; only keys other than the two lifted out go to `info`.
+            # Keys other than the two lifted out go to `info`; the env's dict is never modified.
             if len(info) > ("metrics" in info) + ("action_valid" in info):
                 result.info.update(_jsonable({k: v for k, v in info.items() if k not in _LIFTED}))
         except Exception as exc:
@@ -256,16 +245,16 @@ class Session:
         return result
 
 
-_LIFTED = frozenset(("metrics", "action_valid"))  # info keys that travel as StepResult fields, not in `info`
+_LIFTED = frozenset(("metrics", "action_valid"))  # info keys sent as StepResult fields
 
 
 class ImageRuleBroken(ValueError):
-    """An env observation that breaks an image rule of env.proto's header; the message names the rule."""
+    """An env observation that breaks an image rule (named in the message)."""
 
 
 def _observation(obs: Any) -> tuple[str, list[pb.Image] | None]:
-    """The text and the images (None for none) of what an env returned; raises if it breaks a rule."""
-    if obs.__class__ is str and IMAGE_MARKER not in obs:  # the hot path: text alone, nothing more to check
+    """The text and images (or None) of an env's observation; raises if it breaks a rule."""
+    if obs.__class__ is str and IMAGE_MARKER not in obs:  # the hot path
         return obs, None
     if isinstance(obs, str):
         text, images = obs, ()
@@ -282,7 +271,7 @@ def _observation(obs: Any) -> tuple[str, list[pb.Image] | None]:
 
 
 def _env_fault(env_id: str, call: str, exc: Exception) -> str:
-    """The INTERNAL message for an env's failure: the image rule it broke, or what it raised."""
+    """The INTERNAL message for an env's failure."""
     if isinstance(exc, ImageRuleBroken):
         return f"env '{env_id}' {call}: its observation breaks an image rule (never sent): {exc}"
     if isinstance(exc, ToolRuleBroken):
@@ -291,7 +280,7 @@ def _env_fault(env_id: str, call: str, exc: Exception) -> str:
 
 
 class SessionTable:
-    """All sessions of one server process, with capacity, idempotent creation and idle reaping."""
+    """All sessions of one server, with capacity, idempotent creation and idle reaping."""
 
     def __init__(
         self,
@@ -304,19 +293,18 @@ class SessionTable:
     ):
         self.env_ids = list(env_ids)
         self.entries = {env_id: get_env(env_id) for env_id in env_ids}
-        # Operator-set config per env (`serve --env-config`): defaults under every client config; the only way
-        # to set fields marked server_only (e.g. a data directory on the server's disk).
+        # `serve --env-config`: defaults under every client config, and the only way to set server_only fields.
         self.env_configs = {env_id: dict(values) for env_id, values in (env_configs or {}).items()}
         for env_id, values in self.env_configs.items():
             if env_id not in self.entries:
                 raise ValueError(f"env_configs: '{env_id}' is not served (served: {', '.join(self.env_ids)})")
-            self.entries[env_id].make_config(values)  # fail at startup, naming the bad key
+            self.entries[env_id].make_config(values)  # fail at startup
         self.max_sessions = max_sessions
         self.session_ttl_s = session_ttl_s
         self.server_id = secrets.token_hex(4)
         self._sessions: dict[str, Session] = {}
-        self._created: OrderedDict[str, str] = OrderedDict()  # CreateSession request_id -> session_id, for replay
-        self._specs: dict[tuple[str, Any], pb.EnvSpec] = {}  # (env_id, config) -> spec message, built once
+        self._created: OrderedDict[str, str] = OrderedDict()  # request_id -> session_id
+        self._specs: dict[tuple[str, Any], pb.EnvSpec] = {}
         self._lock = threading.Lock()
         self._seeds = np.random.SeedSequence(seed)
 
@@ -340,7 +328,7 @@ class SessionTable:
         key = (entry.env_id, config)
         spec = self._specs.get(key)
         if spec is None:
-            if len(self._specs) >= 1024:  # many distinct configs: start over rather than grow without bound
+            if len(self._specs) >= 1024:  # bound the cache
                 self._specs.clear()
             spec = self._specs[key] = spec_to_proto(entry.describe(config), entry, config)
         return spec
@@ -393,7 +381,7 @@ class SessionTable:
         return response
 
     def find(self, session_id: str) -> Session | None:
-        """The session, or None (no error: for looking, not for serving)."""
+        """The session, or None."""
         return self._sessions.get(session_id)
 
     def get(self, session_id: str) -> Session:
@@ -413,7 +401,7 @@ class SessionTable:
         return session is not None
 
     def run(self, session_id: str, fn: Any) -> Any:
-        """Run ``fn(session)`` holding the session's lock; the session is not reaped meanwhile."""
+        """Run ``fn(session)`` under the session's lock, safe from reaping."""
         session = self.get(session_id)
         with self._lock:
             session.busy += 1
@@ -426,12 +414,12 @@ class SessionTable:
                 session.busy -= 1
 
     def episodes_in_progress(self) -> int:
-        """Sessions whose episode has been reset and has not ended, or with a call running (a Reset computing)."""
+        """Sessions with an episode in progress or a call running."""
         with self._lock:
             return sum(session.in_progress or session.busy > 0 for session in self._sessions.values())
 
     def reap_idle(self, now: float | None = None) -> int:
-        """Close sessions unused for longer than the TTL; returns how many were closed."""
+        """Close sessions idle past the TTL; returns how many."""
         now = time.monotonic() if now is None else now
         with self._lock:
             stale = [sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s]
@@ -446,5 +434,5 @@ def _close_env(session: Session | None) -> None:
     if callable(close):
         try:
             close()
-        except Exception:  # a failing close must not take the server down
+        except Exception:
             pass

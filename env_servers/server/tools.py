@@ -1,14 +1,8 @@
-"""Tool calls in a Step (env.proto, "Tools"): the runtime's checks before the env sees a call, and the rule its
-results must keep.
+"""Tool calls in a Step (env.proto, "Tools"): checked before the env sees them, its results checked after.
 
-The rule for a step with bad calls (an unknown tool, arguments that are not a JSON object or fail the tool's
-schema, an empty id or one shared by several calls): each bad call is answered here with an error result
-naming what was wrong, and the env never sees it. The env is still stepped, with the text and the good calls
-only (possibly none), so its turn count, state and limits move as for any step, and its results for the good
-calls stand. The step is then ``action_valid=False`` and its reward is the env's penalty for a bad call: its
-``bad_call_penalty`` attribute when it has one, else the spec's ``reward_min``, whatever the good calls earned
-(a reply cannot buy its way out of a bad call). ``terminated``/``truncated`` stay the env's.
-A text env (no tools) given calls is stepped with the text as always, and every call is bad.
+A bad call gets an error result here and never reaches the env, which is still stepped with the text and the
+good calls; the step is then ``action_valid=False`` with the bad-call penalty, whatever the good calls earned
+(docs/writing-an-env.md).
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
 class ToolRuleBroken(ValueError):
-    """An env's tool results break the rule (one per call it was given, with its id, in order); never sent."""
+    """An env's tool results are not one per call given, with its id, in order; never sent."""
 
 
 def tool_to_proto(tool: Tool) -> pb.Tool:
@@ -36,13 +30,13 @@ def tool_to_proto(tool: Tool) -> pb.Tool:
 
 @dataclass(frozen=True)
 class ToolBox:
-    """The tools of one env (name -> Tool), checked once when the session starts."""
+    """One env's tools by name, checked once per session."""
 
     tools: Mapping[str, Tool]
 
     @classmethod
     def of(cls, spec: EnvSpec) -> ToolBox | None:
-        """The spec's tools (None for a text env); raises ValueError for a spec that cannot be served."""
+        """The spec's tools (None for a text env); ValueError if they cannot be served."""
         if not spec.tools:
             return None
         tools: dict[str, Tool] = {}
@@ -51,12 +45,12 @@ class ToolBox:
                 raise ValueError(f"EnvSpec.tools: {tool!r} is not a Tool with a non-empty, unique name")
             if not isinstance(tool.parameters, Mapping):
                 raise ValueError(f"EnvSpec.tools: the parameters of '{tool.name}' must be a JSON Schema object")
-            json.dumps(dict(tool.parameters))  # the schema travels as JSON text
+            json.dumps(dict(tool.parameters))  # raises if not JSON
             tools[tool.name] = tool
         return cls(tools)
 
     def problem(self, call: pb.ToolCall) -> str | None:
-        """What is wrong with one call in itself (not its id), or None."""
+        """What is wrong with one call, ids aside, or None."""
         tool = self.tools.get(call.name)
         if tool is None:
             return f"unknown tool '{call.name}' (tools: {', '.join(self.tools)})"
@@ -71,7 +65,7 @@ class ToolBox:
 
 
 def check_calls(calls: Sequence[pb.ToolCall], box: ToolBox | None) -> tuple[list[ToolCall], list[pb.ToolResult | None]]:
-    """The good calls (as the env sees them) and, per call in order, the runtime's error result (None: good)."""
+    """The good calls, and per call the runtime's error result (None: good)."""
     counts = Counter(call.id for call in calls)
     good: list[ToolCall] = []
     errors: list[pb.ToolResult | None] = []
@@ -93,10 +87,7 @@ def check_calls(calls: Sequence[pb.ToolCall], box: ToolBox | None) -> tuple[list
 
 
 def merge_results(obs: Any, good: list[ToolCall], errors: list[pb.ToolResult | None]) -> list[pb.ToolResult]:
-    """The step's results in call order: the env's for the good calls, the runtime's for the bad ones.
-
-    Raises ToolRuleBroken when the env did not answer exactly the calls it was given, in order, with their ids.
-    """
+    """The step's results in call order: the env's for good calls, the runtime's for bad ones."""
     given = obs.tool_results if isinstance(obs, Observation) else ()
     if len(given) != len(good):
         raise ToolRuleBroken(f"the env was given {len(good)} tool calls and returned {len(given)} results (one each)")
@@ -118,6 +109,6 @@ def merge_results(obs: Any, good: list[ToolCall], errors: list[pb.ToolResult | N
 
 
 def bad_call_penalty(env: Any, spec: EnvSpec) -> float:
-    """The reward of a step with a bad call: the env's ``bad_call_penalty``, else its spec's ``reward_min``."""
+    """The env's ``bad_call_penalty``, else its spec's ``reward_min``."""
     penalty = getattr(env, "bad_call_penalty", None)
     return float(spec.reward_min if penalty is None else penalty)

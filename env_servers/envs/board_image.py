@@ -1,8 +1,4 @@
-"""The `render` modes shared by the grid envs (FrozenLake, Sokoban): the board as text, as a picture, or both.
-
-An env keeps producing its text board exactly as before; `show_board` turns that board (and a painter for the
-same state) into what stands in the board's place in the observation, plus the picture and its cost metrics.
-"""
+"""The grid envs' `render` modes: the board as text, as a picture, or both."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ CELL_PIXELS_DOC = (
 
 
 def check_render(render: str, cell_pixels: int) -> None:
-    """Refuse a bad ``render`` or ``cell_pixels`` with a ConfigError naming the key and what it accepts."""
+    """Raise ConfigError for a bad ``render`` or ``cell_pixels``."""
     if render not in RENDER_MODES:
         raise ConfigError(f"config.render={render!r} must be one of {', '.join(repr(m) for m in RENDER_MODES)}")
     if cell_pixels < MIN_CELL_PIXELS:
@@ -45,13 +41,13 @@ class BoardView:
     metrics: dict[str, float] | None = None  # image_bytes, image_encode_s; None in text mode
 
     def observation(self, before: str = "", after: str = "") -> str | Observation:
-        """The whole observation: a plain str in text mode (byte for byte today's), else an `Observation`."""
+        """The whole observation: a plain str in text mode, else an `Observation`."""
         text = f"{before}{self.text}{after}"
         return Observation(text, self.images) if self.images else text
 
 
 def show_board(render: str, board: str, paint: Callable[[], np.ndarray]) -> BoardView:
-    """The board in ``render`` mode; ``paint()`` draws the same state as ``board`` (called only if pictured)."""
+    """The board in ``render`` mode; ``paint()`` is called only when pictured."""
     if render == "text":
         return BoardView(board)
     start = time.perf_counter()
@@ -62,7 +58,7 @@ def show_board(render: str, board: str, paint: Callable[[], np.ndarray]) -> Boar
 
 
 def legend(render: str, symbols: str, picture: str) -> str:
-    """The instruction's key to the board: the symbols line, the picture's colours, or both (per ``render``)."""
+    """The instruction's key to the board, per ``render``."""
     if render == "text":
         return symbols
     return picture if render == "image" else f"{symbols}\n{picture}"

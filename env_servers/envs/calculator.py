@@ -1,11 +1,5 @@
-"""The calculator tool env: an arithmetic question per seed, answered through tool calls.
-
-The agent sees a question such as "What is 37 * 12 + 5?" and acts only through two tools: ``calculate`` (a safe
-arithmetic evaluator: numbers, + - * / and parentheses, nothing else) and ``answer`` (its final value). A
-correct answer ends the episode with reward 1; a wrong one is told so and the episode goes on. A reply without a
-call is an invalid step (the format penalty), and so is a bad call (the runtime's rule, `server/tools.py`:
-this env's ``bad_call_penalty`` is the same format penalty). Same seed, same question.
-"""
+"""The calculator tool env: an arithmetic question per seed, answered with ``calculate`` and ``answer`` tool
+calls (rules in docs/envs.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +15,8 @@ from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult
 from env_servers.envs.tool_task import tool_turn
 from env_servers.registry import register
 
-MAX_EXPRESSION = 200  # characters; with no powers, the biggest value stays a few hundred digits
-HINT = "calculate(expression) or answer(value)"  # the calls a reply without one is told it may make
+MAX_EXPRESSION = 200  # characters; with no powers, values stay a few hundred digits
+HINT = "calculate(expression) or answer(value)"
 METRICS = ("action_valid", "success", "tool_calls")
 _FORMS = ("{a} * {b} + {c}", "{a} * {b} - {c}", "({a} + {b}) * {c}", "{a} + {b} * {c}", "({a} - {b}) * {c}")
 _OPERATORS = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y}
@@ -69,7 +63,7 @@ class CalculatorConfig:
 
 
 def evaluate(expression: str) -> Fraction:
-    """The exact value of an arithmetic expression; ValueError naming what is not allowed (or a division by 0)."""
+    """The exact value of an arithmetic expression, without ``eval``; ValueError for anything else."""
     if len(expression) > MAX_EXPRESSION:
         raise ValueError(f"the expression is longer than {MAX_EXPRESSION} characters")
     try:
@@ -98,7 +92,7 @@ def _value(node: ast.AST) -> Fraction:
 
 
 def show(value: Fraction) -> str:
-    """An integer as itself, anything else as a decimal with up to 10 significant digits."""
+    """An integer as itself, else up to 10 significant digits."""
     return str(value.numerator) if value.denominator == 1 else f"{float(value):.10g}"
 
 
@@ -108,7 +102,7 @@ class CalculatorEnv:
 
     def __init__(self, config: CalculatorConfig) -> None:
         self.config = config
-        self.bad_call_penalty = config.format_penalty  # the runtime's reward for a step with a bad call
+        self.bad_call_penalty = config.format_penalty
         self.question, self.target, self.t, self.done = "", Fraction(0), 0, False
 
     @classmethod
@@ -147,10 +141,9 @@ class CalculatorEnv:
         return Observation(text, tool_results=results), reward, self.done, truncated, info
 
     def _run(self, call_id: str, name: str, arguments: str) -> ToolResult:
-        """One call's result (an error result for an expression it cannot evaluate)."""
         if self.done:
             return ToolResult(call_id, name, "not run: the task is already answered", is_error=True)
-        try:  # the runtime has checked these; an env used without it (a unit test) still never raises
+        try:  # the runtime checked these; unit tests call directly
             args = json.loads(arguments)
             if name == "calculate":
                 return ToolResult(call_id, name, show(evaluate(str(args["expression"]))))

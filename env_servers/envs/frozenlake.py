@@ -1,9 +1,6 @@
-"""The FrozenLake text env: map generation, the (slippery) transition model, rewards and the RAGEN render.
+"""The FrozenLake env: a new map per reset seed (as RAGEN), Gymnasium's slip model, RAGEN's board symbols.
 
-Maps use Gymnasium's letters (S start, F frozen, H hole, G goal) so tests can hand them to Gymnasium's
-FrozenLake-v1 as a transition oracle; the observation uses RAGEN/ROLL's symbols. Every reset builds a new
-map from the reset seed, like RAGEN. Slips draw from a per-episode `numpy.random.Generator`.
-With ``render: image`` or ``both`` the board is also (or instead) a PNG of the same state (`paint`).
+Maps use Gymnasium's letters (S, F, H, G) so tests can use Gymnasium's FrozenLake-v1 as a transition oracle.
 """
 
 from __future__ import annotations
@@ -21,14 +18,14 @@ from env_servers.envs.board_image import CELL_PIXELS_DOC, IMAGE_METRICS, RENDER_
 from env_servers.envs.png import paint_cells, tile_sheet
 from env_servers.registry import register
 
-ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action order 0..3
+ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's order
 _VOCABULARY = {name.lower(): i for i, name in enumerate(ACTIONS)}
 _MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
 METRICS = ("action_valid", "action_effective", "success")
 OBSERVATIONS = ("board", "board+words")
 MAX_SIZE = 32
 MAX_MAP_ATTEMPTS = 1000
-# The picture: one tile per map letter (S, F, H, G), then the same four with the player's red disc on top.
+# One tile per map letter, then the same four with the player on top.
 _PICTURE_LETTERS = "FHGS"
 _GROUNDS = {"F": (200, 230, 245), "H": (25, 45, 100), "G": (240, 190, 40), "S": (175, 215, 175)}
 PLAYER_COLOUR, _PLAYER_EDGE = (215, 40, 40), (90, 15, 15)
@@ -38,7 +35,7 @@ _TILES = tuple((_GROUNDS[ch], "", (0, 0, 0), (0, 0, 0)) for ch in _PICTURE_LETTE
 _KIND = np.zeros(256, dtype=np.intp)
 for _i, _ch in enumerate(_PICTURE_LETTERS):
     _KIND[ord(_ch)] = _i
-# SeedSequence spawn keys that keep the map draws and the slip draws of one seed independent.
+# SeedSequence spawn keys: independent map and slip draws per seed.
 _MAP_STREAM, _SLIP_STREAM = 0, 1
 
 
@@ -141,11 +138,7 @@ def _has_path(desc: Sequence[str]) -> bool:
 def transitions(
     desc: Sequence[str], row: int, col: int, action: int, is_slippery: bool, success_rate: float = 1 / 3
 ) -> list[tuple[float, int, int]]:
-    """Outcomes ``(prob, row, col)`` of ``action`` from (row, col), merged per cell, zero-probability ones dropped.
-
-    Slippery: the intended direction with ``success_rate``, each perpendicular with ``(1 - success_rate) / 2``
-    (Gymnasium's model). Moving off the map stays put; holes and the goal are absorbing.
-    """
+    """Outcomes ``(prob, row, col)`` of ``action`` from (row, col), merged per cell (Gymnasium's model)."""
     if desc[row][col] in "HG":
         return [(1.0, row, col)]
     if is_slippery:
@@ -165,7 +158,7 @@ def transitions(
 
 
 def render(desc: Sequence[str], row: int, col: int) -> str:
-    """RAGEN's board: P player, _ frozen (start included), O hole, G goal, X player in a hole, √ player on the goal."""
+    """RAGEN's text board."""
     symbols = {"S": "_", "F": "_", "H": "O", "G": "G"}
     on = {"S": "P", "F": "P", "H": "X", "G": "√"}
     return "\n".join(
@@ -175,8 +168,7 @@ def render(desc: Sequence[str], row: int, col: int) -> str:
 
 
 def describe_in_words(desc: Sequence[str], row: int, col: int) -> str:
-    """Where the goal lies from (row, col) and which moves fall into a hole, e.g. "The goal is 2 Down and 1 Left
-    of you. A hole is Right of you." (the same state as `render`)."""
+    """Where the goal lies from (row, col) and which moves fall into a hole, in words."""
     size = len(desc)
     if desc[row][col] in "HG":
         return "You fell into a hole." if desc[row][col] == "H" else "You are on the goal."
@@ -194,8 +186,7 @@ def describe_in_words(desc: Sequence[str], row: int, col: int) -> str:
 
 
 def paint(desc: Sequence[str], row: int, col: int, cell_pixels: int = 28) -> np.ndarray:
-    """The board as RGB ``[size * cell_pixels] * 2``: ice, hole, goal and start as flat colours, the player as a
-    red disc over its tile (so a hole or the goal under it stays visible); the same state as `render`."""
+    """The board as RGB ``[size * cell_pixels] * 2``, the same state as `render`."""
     kinds = _KIND[np.frombuffer("".join(desc).encode("ascii"), dtype=np.uint8)].reshape(len(desc), -1)
     kinds[row, col] += len(_PICTURE_LETTERS)
     return paint_cells(kinds, tile_sheet(cell_pixels, _TILES))
@@ -209,12 +200,12 @@ class FrozenLakeEnv:
         self.config = config
         self._desc: tuple[str, ...] = ()
         self._pos = (0, 0)
-        self._rng = np.random.default_rng(0)  # replaced at every reset
+        self._rng = np.random.default_rng(0)
         self._steps = 0
-        self._done = True  # step() before reset() is refused like step() after the end
+        self._done = True  # step() before reset() is refused
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str | Observation, dict[str, Any]]:
-        """Start an episode on a map built from ``seed`` (or ``options["map"]``: rows of S/F/H/G)."""
+        """Start an episode on a map from ``seed`` (or ``options["map"]``: rows of S/F/H/G)."""
         cfg = self.config
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed}")
@@ -262,7 +253,6 @@ class FrozenLakeEnv:
         return obs, reward, terminated, truncated, info
 
     def _observe(self) -> tuple[str | Observation, dict[str, float] | None]:
-        """The observation (the board per ``render``, then the words if asked) and the picture's metrics."""
         cfg = self.config
         view = show_board(cfg.render, render(self._desc, *self._pos), self._paint)
         words = "" if cfg.observation == "board" else f"\n{describe_in_words(self._desc, *self._pos)}"

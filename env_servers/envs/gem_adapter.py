@@ -2,17 +2,9 @@
 
     python -m env_servers serve gem:game:GuessTheNumber-v0-easy gem:game:Minesweeper-v0-easy
 
-`gem-llm` is an optional extra (``pip install 'roll_lightning[gem]'``): it is heavy (~40 packages) and
-requires Python <= 3.12.0. Offline, the `game:*` ids work except Wordle, Hangman and WordSearch (they download
-NLTK data); dataset ids (math:, qa:, code:) need the HF Hub (shared/reference/envs.md §2).
-
-Two things the adapter fixes for GEM:
-- **RNG isolation.** GEM seeds and uses the process-global `random` and `numpy.random`, so two sessions
-  interleaved in one process diverge from the same seed. Every adapter session runs GEM through its own
-  `GlobalRng`.
-- **The observation.** GEM puts the current board or prompt in ``info["suffix"]``; like ROLL's GEM template
-  ("{observation}\\n{suffix}") the adapter appends it to the observation text.
-A GEM format error is reported as ``action_valid=False`` (GEM gives it a -0.1 reward and ends the episode).
+Offline, the `game:*` ids work except Wordle, Hangman and WordSearch (NLTK data); dataset ids need the HF Hub.
+Each session runs GEM under its own `GlobalRng`; ``info["suffix"]`` (the board or prompt) is appended to the
+observation, as ROLL's GEM template does.
 """
 
 from __future__ import annotations
@@ -70,14 +62,14 @@ class GemEnv:
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         self._steps = 0
-        obs, info = self.rng.run(self.env.reset, seed=seed % 2**32)  # GEM seeds numpy: 32-bit seeds
+        obs, info = self.rng.run(self.env.reset, seed=seed % 2**32)  # numpy seeds are 32-bit
         return self._observation(obs, info), {"seed": seed, **_plain(info, skip="suffix")}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.rng.run(self.env.step, action)
         self._steps += 1
         truncated = bool(truncated) or (not terminated and self._steps >= self.config.max_steps)
-        # GEM signals a malformed reply with its format-error reward (and ends the episode).
+        # GEM marks a malformed reply only by its format-error reward.
         invalid = bool(terminated) and float(reward) == float(getattr(self.env, "format_error_reward", -0.1))
         metrics = {"action_valid": float(not invalid), "success": float(float(reward) >= 1.0 and bool(terminated))}
         extra = {"action_valid": not invalid, "metrics": metrics, **_plain(info, skip="suffix")}
@@ -104,7 +96,7 @@ class GemEnv:
 
 
 def _plain(info: Mapping[str, Any], skip: str) -> dict[str, Any]:
-    """The JSON-representable part of GEM's info (it sometimes carries objects)."""
+    """The JSON-representable scalars of GEM's info."""
     out = {}
     for key, value in info.items():
         if key != skip and isinstance(value, str | int | float | bool) and not isinstance(value, np.generic):

@@ -1,8 +1,7 @@
 """Per-instance copies of Python's and numpy's process-global RNGs, for third-party envs that use them.
 
-GEM and TextArena seed and draw from the global `random` (and GEM from `numpy.random`), so two sessions
-interleaved in one process would diverge from the same seed. An env keeps its own `GlobalRng` and runs every call
-into the foreign code through `GlobalRng.run`, which swaps its states in under a process-wide lock.
+GEM and TextArena draw from the global `random` (GEM also `numpy.random`), so interleaved sessions would diverge
+from the same seed. `GlobalRng.run` swaps an env's own states in under a process-wide lock.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ _LOCK = threading.Lock()
 
 
 class GlobalRng:
-    """One env's private copy of the two global RNG states (starting as copies of the current ones)."""
+    """One env's private copy of the two global RNG states."""
 
     def __init__(self) -> None:
         self._states = (random.getstate(), np.random.get_state())
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` with this env's states in the globals; the caller's states are restored."""
+        """``fn(*args, **kwargs)`` with this env's states swapped in."""
         with _LOCK:
             outside = random.getstate(), np.random.get_state()
             random.setstate(self._states[0])

@@ -2,13 +2,9 @@
 
     python -m env_servers serve gym:FrozenLake-v1 gym:Blackjack-v1 gym:Taxi-v3
 
-The text mapping is deliberately simple and generic:
-- observation: the env's ANSI render when it has one (``render_mode="ansi"``), else the observation written as
-  JSON (numpy arrays become lists), followed by the list of legal actions;
-- action: ``<answer>N</answer>`` with N an integer index of a `Discrete` action space (or, for a `Text` action
-  space, the answer text itself); anything else is an invalid action: no env step, ``action_valid=False`` and the
-  config's format penalty, counted toward ``max_steps``.
-Gymnasium envs own their RNG (``env.np_random``, seeded by ``reset(seed=...)``), so sessions stay isolated.
+Observation: the ANSI render if the env has one, else the observation as JSON, then the legal actions. Action:
+``<answer>N</answer>`` (a `Discrete` index, or the text for a `Text` space); anything else is an invalid step
+(no env step, the format penalty). Gymnasium envs own their RNG, so sessions stay isolated.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ def _jsonable(value: Any) -> Any:
 
 
 class GymTextEnv:
-    """One Gymnasium env instance behind the text contract (see the module docstring)."""
+    """One Gymnasium env instance behind the text contract."""
 
     gym_id = ""
 
@@ -145,7 +141,7 @@ _ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _plain_ansi(text: str) -> str:
-    """ANSI renders mark cells with colour (e.g. the agent on FrozenLake); keep the mark as [x], drop the colour."""
+    """Colour-marked cells (e.g. FrozenLake's agent) become ``[x]``; other colour codes are dropped."""
     return _ESCAPE.sub("", _HIGHLIGHT.sub(r"[\1]", text))
 
 

@@ -1,10 +1,6 @@
-"""The lookup tool env: find a box's code with one tool, then give it with another.
+"""The lookup tool env: ``lookup(box)`` reads a box's two-digit code, ``answer(code)`` gives it (reward 1).
 
-Each seed fills a row of numbered boxes with two-digit codes and asks for one: "What is the code of box 4?". The
-agent acts only through tools: ``lookup(box)`` reads a box's code, ``answer(code)`` gives the final answer. The
-right code ends the episode with reward 1; a wrong one is told so and the episode goes on. A reply without a call,
-or with a bad call (the runtime's rule, `server/tools.py`), earns the format penalty. The task is the smallest
-that needs a tool's result: the code is nowhere but in the lookup's answer, so guessing succeeds 1 time in 90.
+The smallest task that needs a tool's result: guessing succeeds 1 time in 90. Rules: docs/envs.md.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from env_servers.api import Action, EnvSpec, Observation, Tool, ToolResult
 from env_servers.envs.tool_task import tool_turn
 from env_servers.registry import register
 
-HINT = "lookup(box) or answer(code)"  # the calls a reply without one is told it may make
+HINT = "lookup(box) or answer(code)"
 METRICS = ("action_valid", "success", "tool_calls", "lookups")
 
 
@@ -60,7 +56,7 @@ class LookupEnv:
 
     def __init__(self, config: LookupConfig) -> None:
         self.config = config
-        self.bad_call_penalty = config.format_penalty  # the runtime's reward for a step with a bad call
+        self.bad_call_penalty = config.format_penalty
         self.codes: list[int] = []
         self.box, self.t, self.done = 0, 0, False
 
@@ -105,12 +101,11 @@ class LookupEnv:
         )
 
     def _run(self, call_id: str, name: str, arguments: str) -> ToolResult:
-        """One call's result (an error result for a box that does not exist)."""
         if self.done:
             return ToolResult(call_id, name, "not run: the task is already answered", is_error=True)
         if name not in ("lookup", "answer"):
             return ToolResult(call_id, name, f"error: unknown tool '{name}'", is_error=True)
-        try:  # the runtime has checked these; an env used without it (a unit test) still never raises
+        try:  # the runtime checked these; unit tests call directly
             value = int(json.loads(arguments)["box" if name == "lookup" else "code"])
         except (ValueError, KeyError, TypeError) as exc:
             return ToolResult(call_id, name, f"error: {exc}", is_error=True)

@@ -1,11 +1,8 @@
 """A blocking handle on one MCP client session (the official `mcp` SDK), for the `mcp:` envs.
 
-The SDK is async (anyio); env code is synchronous and runs on the server's worker threads. Every connection of
-a process runs on one private asyncio loop in a daemon thread (`_loop`): a connection is one long-lived task that
-enters the transport and the `ClientSession` and holds them until `close()` sets its stop event, so the SDK's
-context managers are entered and left in the same task (anyio requires it) and its own shutdown runs (stdio:
-close the server's stdin, wait, then kill its process tree). Calls are submitted to the loop from any thread and
-waited for with a timeout. An instance that is dropped without `close()` is closed by a weakref finalizer.
+All connections share one asyncio loop in a daemon thread. Each is one long-lived task holding the transport and
+`ClientSession` until `close()`, because anyio requires context managers to be entered and left in the same task.
+Calls may come from any thread; a dropped instance is closed by a weakref finalizer.
 """
 
 from __future__ import annotations
@@ -22,12 +19,12 @@ from typing import Any
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
-_GRACE_S = 5.0  # beyond the SDK's own timeouts: how long a blocking wait lasts before it gives up on the loop
+_GRACE_S = 5.0  # added to the SDK's own timeouts for a blocking wait
 _CLOSE_WAIT_S = 10.0  # the SDK's stdio shutdown takes up to ~6.5 s (flush, stdin EOF wait, SIGTERM, SIGKILL)
 
 
 def _loop() -> asyncio.AbstractEventLoop:
-    """The process's MCP loop, started on first use (a daemon thread: it never holds the process open)."""
+    """The process's MCP loop, started on first use."""
     global _LOOP
     with _LOOP_LOCK:
         if _LOOP is None:
@@ -46,32 +43,30 @@ def _import_mcp() -> Any:
 
 
 class _State:
-    """What the owner task and the finalizer share; never the connection itself, or the task would keep it alive."""
+    """Shared by the owner task and the finalizer; not the connection, or the task would keep it alive."""
 
     def __init__(self) -> None:
-        self.stop: asyncio.Event | None = None  # created on the loop, by the owner task
+        self.stop: asyncio.Event | None = None  # created on the loop
         self.owner: concurrent.futures.Future[None] | None = None
-        self.session: Any = None  # the `ClientSession`, once initialised
+        self.session: Any = None
 
 
 def _shutdown(loop: asyncio.AbstractEventLoop, state: _State, wait_s: float) -> None:
-    """Ask the owner task to leave its contexts; wait for it unless called on the loop's own thread."""
+    """Stop the owner task; wait for it unless on the loop's own thread."""
     if state.owner is None or state.owner.done():
         return
     loop.call_soon_threadsafe(lambda: state.stop.set() if state.stop is not None else state.owner.cancel())
     if wait_s > 0 and threading.current_thread().name != "mcp-client-loop":
         try:
             state.owner.result(timeout=wait_s)
-        except BaseException:  # noqa: BLE001 (a failed shutdown is reported by nobody: the env is going away)
+        except BaseException:  # noqa: BLE001
             state.owner.cancel()
 
 
 class McpConnection:
-    """An initialised MCP client session: ``tools`` (the server's `mcp.types.Tool`s), `call`, `close`.
+    """An initialised MCP client session to a stdio ``command`` or a streamable-HTTP ``url``.
 
-    ``command`` starts a stdio server (``cwd``, ``env``: extra environment variables); ``url`` connects to a
-    streamable-HTTP one. Start-up failures (a command that cannot run, a server that exits or does not answer
-    within ``start_timeout_s``) raise one RuntimeError naming the command or URL.
+    Any start-up failure raises one RuntimeError naming the command or URL.
     """
 
     def __init__(
@@ -106,13 +101,12 @@ class McpConnection:
 
     @property
     def alive(self) -> bool:
-        """The session is up (False once closed, or once the server went away)."""
+        """The session is up."""
         owner = self._state.owner
         return self._state.session is not None and owner is not None and not owner.done()
 
     def call(self, name: str, arguments: Mapping[str, Any]) -> Any:
-        """Run one tool: the `mcp.types.CallToolResult`. Raises TimeoutError past the call timeout, `MCPError`
-        for a protocol-level refusal, RuntimeError when the server is gone."""
+        """Run one tool: its `CallToolResult`; TimeoutError, `MCPError` (a refusal) or RuntimeError (server gone)."""
         if not self.alive:
             raise RuntimeError(f"MCP server ({self.target}) is not running")
         coro = self._state.session.call_tool(name, dict(arguments), read_timeout_seconds=self.call_timeout_s)
@@ -130,12 +124,11 @@ class McpConnection:
             raise
 
     def close(self) -> None:
-        """End the session and (stdio) the server process; waits for the SDK's shutdown. Idempotent."""
+        """End the session and a stdio server's process; idempotent."""
         self._finalizer()
 
 
 def _transport(command: tuple[str, ...], url: str, cwd: str, env: Mapping[str, str]) -> Any:
-    """The SDK's transport context manager: stdio (a command) or streamable HTTP (a URL)."""
     if url:
         from mcp.client.streamable_http import streamable_http_client
 
@@ -147,7 +140,7 @@ def _transport(command: tuple[str, ...], url: str, cwd: str, env: Mapping[str, s
 
 
 async def _own(state: _State, transport: Any, timeout_s: float, ready: concurrent.futures.Future[list[Any]]) -> None:
-    """The owner task: connect, initialise, list the tools, then hold the session until asked to stop."""
+    """The owner task: connect, list the tools, hold the session until stopped."""
     from mcp import ClientSession
     from mcp.types import PaginatedRequestParams
 
@@ -176,7 +169,7 @@ async def _own(state: _State, transport: Any, timeout_s: float, ready: concurren
 
 
 def _describe(exc: BaseException) -> str:
-    """A one-line account of a start-up failure (anyio wraps task failures in exception groups)."""
+    """A one-line start-up failure (unwrapping anyio's exception groups)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, concurrent.futures.TimeoutError | TimeoutError):

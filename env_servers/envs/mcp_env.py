@@ -3,30 +3,9 @@
     python -m env_servers serve mcp:my_pkg.tasks:Capitals \\
         --env-config 'mcp:my_pkg.tasks:Capitals={"server_command": ["python", "-m", "my_pkg.server"]}'
 
-The MCP server (stdio: ``server_command``; streamable HTTP: ``url``) supplies the tools; the **task** class named
-in the id supplies what MCP does not: the instruction, each episode's start, and the reward. A task is any class
-(built with the JSON object ``task_config`` as keyword arguments) with:
-
-- ``instruction() -> str``: the spec's instruction, the same for every episode;
-- ``start(seed, tools) -> str``: begin an episode (own randomness from ``seed``); the first observation text;
-- ``reward(history, reply) -> (reward, terminated)``: after each step; ``history`` holds every
-  ``(ToolCall, ToolResult)`` of the episode so far, this step's last, and ``reply`` is this step's text.
-
-Optional task attributes: ``tools`` (env-local `Tool`s, e.g. an ``answer`` tool the MCP server lacks) with
-``call(call, arguments) -> str | ToolResult`` to run them; ``observe(history, reply, terminated) -> str`` (a
-step's observation text; default empty: the results travel in ``tool_results``); ``server_command`` and
-``server_cwd`` (used when the config names no server); ``reward_range`` (default (0, 1)), ``version``,
-``example_action``, ``splits``, ``deterministic``.
-
-A step runs its calls in order. A call naming no tool, with arguments that are not a JSON object or break the
-tool's input schema, or beyond ``max_calls_per_step``, is not run: an error result, ``action_valid`` False, and
-the step's reward is ``bad_call_penalty`` whatever the task gave (the server runtime's rule for the calls it
-refuses itself). A tool that reports an error (MCP ``isError``), or times out, gives an error result but is a
-valid action. Result content: text parts as they are, embedded text resources as their text, a resource link as
-``[resource: URI]``, images, audio and binary blobs as a placeholder such as ``[image omitted: image/png]``
-(never sent as pictures); structured content, as JSON, when there is no text part. An MCP server that dies
-mid-episode makes that step raise (the runtime aborts the episode); the next reset starts it again.
-``restart_per_episode`` gives stateful servers a fresh process for every episode.
+The server supplies the tools; the task class supplies ``instruction()``, ``start(seed, tools)`` and
+``reward(history, reply) -> (reward, terminated)`` ("MCP servers as envs" in docs/writing-an-env.md). A tool
+error or timeout is a valid action; a server that dies mid-episode fails that step and restarts at the next reset.
 """
 
 from __future__ import annotations
@@ -42,7 +21,7 @@ from env_servers.envs.mcp_tools import from_mcp, run_call, validator
 from env_servers.registry import EnvEntry, register_prefix
 
 PREFIX = "mcp:"
-_SERVER_ONLY = {"server_only": True}  # a client must never choose what command the server runs
+_SERVER_ONLY = {"server_only": True}  # a client must never choose what the server runs
 
 
 @dataclass(frozen=True)
@@ -84,15 +63,15 @@ class McpConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-_TOOLS: dict[tuple[str, McpConfig], tuple[Tool, ...]] = {}  # (env id, config) -> tools, so describe needs no server
+_TOOLS: dict[tuple[str, McpConfig], tuple[Tool, ...]] = {}  # so describe needs no server
 
 
 class McpEnv:
-    """One episode runner: a task instance and a connection to its MCP server (see the module docstring)."""
+    """A task instance and a connection to its MCP server."""
 
     env_id = ""
     task_cls: type = object
-    waits_on_io = True  # its calls wait on the MCP server: the runtime overlaps a batch's steps on many threads
+    waits_on_io = True  # the runtime overlaps a batch's steps on threads
 
     def __init__(self, config: McpConfig) -> None:
         self.config = config
@@ -127,11 +106,11 @@ class McpEnv:
 
     @property
     def bad_call_penalty(self) -> float:
-        """The reward of a step with a bad call (the runtime gives it to steps whose calls it refuses itself)."""
+        """The reward of a step with a bad call, also for calls the runtime refuses."""
         return self.config.bad_call_penalty
 
     def close(self) -> None:
-        """Stop the MCP session and its server process (the runtime calls this when a session ends)."""
+        """Stop the MCP session and its server process."""
         if self._conn is not None:
             self._conn.close()
 
@@ -144,7 +123,7 @@ class McpEnv:
         return self.task.start(seed, self.tools), {"seed": seed, "tools": len(self.tools)}
 
     def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        if isinstance(action, str):  # a text env's step (a runtime that sends no Action): a reply with no calls
+        if isinstance(action, str):  # a runtime that sends no Action
             action = Action(text=action)
         self._steps += 1
         results, valid = [], True
@@ -170,7 +149,7 @@ class McpEnv:
     @classmethod
     def describe(cls, config: McpConfig) -> EnvSpec:
         tools = _TOOLS.get((cls.env_id, config))
-        if tools is None:  # no env built with this config yet: start the server once to list its tools
+        if tools is None:  # start the server once to list its tools
             probe = cls(config)
             probe.close()
             tools = probe.tools
@@ -194,7 +173,7 @@ class McpEnv:
 
 @dataclass(frozen=True)
 class McpEntry(EnvEntry):
-    """The registry entry of one task: checks that its config names a server (or the task has a default)."""
+    """The registry entry of one task; checks that a server is named."""
 
     def make_config(self, values: Mapping[str, Any] | None) -> Any:
         config = super().make_config(values)

@@ -1,5 +1,4 @@
-"""One tool call of an `mcp:` env: checked (name, JSON, schema), run (task-local or on the MCP server), and its
-result turned into a `ToolResult` (see `env_servers.envs.mcp_env` for the rules)."""
+"""One tool call of an `mcp:` env: checked, run (task-local or on the MCP server), and made a `ToolResult`."""
 
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ from env_servers.api import Tool, ToolCall, ToolResult
 
 
 def from_mcp(tool: Any) -> Tool:
-    """Our `Tool` from an `mcp.types.Tool` (name, description, input schema)."""
+    """Our `Tool` from an `mcp.types.Tool`."""
     return Tool(name=tool.name, description=tool.description or "", parameters=dict(tool.input_schema))
 
 
 def validator(schema: Mapping[str, Any]) -> Any:
-    """A jsonschema validator for a tool's arguments, or None if the schema itself is unusable (the server judges)."""
+    """A validator for a tool's arguments, or None if the schema is unusable (then the server judges)."""
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -28,7 +27,7 @@ def validator(schema: Mapping[str, Any]) -> Any:
 
 
 def _problem(env: Any, call: ToolCall) -> tuple[str, dict[str, Any]]:
-    """What is wrong with a call before it runs ('' for nothing) and its parsed arguments."""
+    """What is wrong with a call ('' for nothing) and its parsed arguments."""
     if call.name not in env._validators:
         return f"unknown tool {call.name!r} (tools: {', '.join(t.name for t in env.tools)})", {}
     try:
@@ -46,7 +45,7 @@ def _problem(env: Any, call: ToolCall) -> tuple[str, dict[str, Any]]:
 
 
 def run_call(env: Any, call: ToolCall) -> tuple[ToolResult, bool]:
-    """Run one call of a step: its result and whether the call itself was valid."""
+    """One call's result and whether the call was valid."""
     problem, arguments = _problem(env, call)
     if problem:
         return ToolResult(call.id, call.name, problem, is_error=True), False
@@ -66,7 +65,7 @@ def run_call(env: Any, call: ToolCall) -> tuple[ToolResult, bool]:
 
 
 def result_text(result: Any, limit: int) -> str:
-    """The text of a `CallToolResult`: text parts joined by newlines, placeholders for the rest, cut to ``limit``."""
+    """A `CallToolResult`'s text parts, placeholders for the rest, cut to ``limit``."""
     parts, texts = [], 0
     for block in result.content:
         kind = getattr(block, "type", "")
@@ -78,7 +77,7 @@ def result_text(result: Any, limit: int) -> str:
             texts += 1
         elif kind == "resource_link":
             parts.append(f"[resource: {block.uri}]")
-        else:  # image, audio, a binary resource: no pictures through tool results (yet)
+        else:  # no pictures through tool results
             mime = getattr(block, "mime_type", None) or getattr(getattr(block, "resource", None), "mime_type", None)
             parts.append(f"[{kind or 'content'} omitted{f': {mime}' if mime else ''}]")
     if not texts and result.structured_content is not None:

@@ -1,9 +1,6 @@
-"""A small deterministic PNG encoder and a cell-grid painter for envs that show their board as a picture.
+"""A deterministic PNG encoder and a cell-grid painter, numpy + zlib only (env servers import no torch or PIL).
 
-Env servers must not import torch or PIL, so this is numpy + zlib only. The PNG holds exactly the signature,
-IHDR, one IDAT and IEND: no timestamp, gamma or text chunks, a fixed filter and compression level, so the same
-array always gives the same bytes (with the same zlib build). `paint_cells` turns a grid of cell-type indices
-into an RGB image from one precomputed tile per type, so drawing is a single numpy gather.
+No timestamp or text chunks and a fixed filter and level, so the same array gives the same bytes (same zlib).
 """
 
 from __future__ import annotations
@@ -50,11 +47,8 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 
 def tile(cell_pixels: int, ground: RGB, shape: str = "", fill: RGB = (0, 0, 0), edge: RGB = (0, 0, 0)) -> np.ndarray:
-    """One cell ``[cell_pixels, cell_pixels, 3]``: the ground colour with a 1-pixel darker outline, and optionally
-    a ``"square"`` or ``"circle"`` inset in ``fill`` with an ``edge`` border, leaving a ring of ground visible.
-
-    The centre pixel (``cell_pixels // 2`` both ways) is always ``fill`` for a shape and ``ground`` without one.
-    """
+    """One cell ``[cell_pixels, cell_pixels, 3]``: ground with a darker outline, optionally an inset
+    ``"square"`` or ``"circle"``. The centre pixel is always ``fill`` for a shape, else ``ground``."""
     n = cell_pixels
     out = np.empty((n, n, 3), dtype=np.uint8)
     out[:] = ground
@@ -67,7 +61,7 @@ def tile(cell_pixels: int, ground: RGB, shape: str = "", fill: RGB = (0, 0, 0), 
     centre = (n - 1) / 2
     ys, xs = np.mgrid[0:n, 0:n]
     if shape == "square":
-        reach = np.maximum(np.abs(ys - centre), np.abs(xs - centre))  # Chebyshev distance: square rings
+        reach = np.maximum(np.abs(ys - centre), np.abs(xs - centre))
     elif shape == "circle":
         reach = np.hypot(ys - centre, xs - centre)
     else:
@@ -80,16 +74,16 @@ def tile(cell_pixels: int, ground: RGB, shape: str = "", fill: RGB = (0, 0, 0), 
 
 @functools.lru_cache(maxsize=64)
 def tile_sheet(cell_pixels: int, tiles: tuple[tuple[RGB, str, RGB, RGB], ...]) -> np.ndarray:
-    """Tiles stacked ``[types, cell_pixels, cell_pixels, 3]``, one per ``(ground, shape, fill, edge)``; memoised."""
+    """Tiles ``[types, cell_pixels, cell_pixels, 3]``, one per ``(ground, shape, fill, edge)``."""
     sheet = np.stack([tile(cell_pixels, *spec) for spec in tiles])
     sheet.flags.writeable = False
     return sheet
 
 
 def paint_cells(kinds: np.ndarray | Sequence[Sequence[int]], sheet: np.ndarray) -> np.ndarray:
-    """The RGB image ``[rows * n, cols * n, 3]`` of a grid of cell-type indices into ``sheet`` (see `tile_sheet`)."""
+    """The RGB image ``[rows * n, cols * n, 3]`` of a grid of indices into ``sheet``."""
     kinds = np.asarray(kinds, dtype=np.intp)
     rows, cols = kinds.shape
     n = sheet.shape[1]
-    # [rows, cols, n, n, 3] -> [rows, n, cols, n, 3]: cell (r, c) pixel (y, x) lands at (r * n + y, c * n + x).
+    # [rows, cols, n, n, 3] -> [rows, n, cols, n, 3]
     return sheet[kinds].transpose(0, 2, 1, 3, 4).reshape(rows * n, cols * n, 3)

@@ -2,19 +2,8 @@
 
     python -m env_servers serve textarena:GuessTheNumber-v0 textarena:Minesweeper-v0-small
 
-`textarena` is an optional extra (``pip install 'roll_lightning[textarena]'``). The adapter plays the game
-itself, without TextArena's wrappers (its ``-train``/``-raw`` variants name the same game): our trainer keeps the
-conversation, so each observation is only what the game said since the agent's last move.
-
-The mapping:
-- the reward is TextArena's end-of-game reward for player 0 (on the step that ends the game; 0 before);
-- an invalid move (TextArena's ``set_invalid_move``) is ``action_valid`` False; TextArena allows one and ends the
-  game at the next, with its own penalty;
-- TextArena's turn limit ends the game (``terminated``); ``max_steps`` truncates games without one;
-- metrics: ``action_valid``, ``success`` (the game ended with reward 1) and, at the end, ``turns``; the end's
-  reason goes in ``info["reason"]``.
-Games draw from Python's global `random`, so every session runs TextArena through its own `GlobalRng`.
-Wordle, Hangman and other word games need NLTK data that is not on an offline machine: their first reset says so.
+Played as player 0 without TextArena's wrappers: each observation is only what the game said since the agent's
+last move. The mapping is in docs/environments.md.
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ from env_servers.envs.global_rng import GlobalRng
 from env_servers.registry import EnvEntry, register_prefix
 
 PREFIX = "textarena:"
-# A legal-looking first move per game family (the spec's example action; conformance plays it).
+# A legal-looking first move per game family (conformance plays the spec's example action).
 _EXAMPLES = {"Minesweeper": "[0 0]", "Sudoku": "[1 1 1]", "TowerOfHanoi": "[A C]", "Mastermind": "[1 2 3 4]"}
 
 
@@ -57,7 +46,7 @@ def _import_textarena() -> Any:
 
 
 class TextArenaEnv:
-    """One TextArena game instance, played as player 0, with its own copy of the global RNG states."""
+    """One TextArena game, played as player 0, under its own `GlobalRng`."""
 
     game_id = ""
 
@@ -73,12 +62,12 @@ class TextArenaEnv:
         kwargs = {**spec.kwargs, **json_object(config.make_kwargs, "make_kwargs")}
         try:
             self.env = self.rng.run(entry, **kwargs)
-        except LookupError as exc:  # NLTK's "Resource ... not found", raised when a word game loads its lists
+        except LookupError as exc:  # NLTK's "Resource ... not found" (word games)
             raise RuntimeError(_missing_data(self.game_id, exc)) from exc
         self._steps = 0
 
     def _news(self) -> str:
-        """What the game told player 0 since the last call (its echo of the agent's own move left out)."""
+        """What the game told player 0 since the last call, without the echo of its move."""
         ta = _import_textarena()
         _, messages = self.env.get_observation()
         lines = [text.strip() for _, text, kind in messages if kind != ta.ObservationType.PLAYER_ACTION]
@@ -150,7 +139,7 @@ def _entry(env_id: str) -> EnvEntry:
         probe.rng.run(probe.env.reset, num_players=1, seed=0)
     except AssertionError as exc:  # the multi-player states assert their player count
         raise KeyError(f"'{env_id}' is not a single-player game ({exc}); only single-player games train here") from exc
-    except (ImportError, SyntaxError) as exc:  # some games' modules do not import on every Python
+    except (ImportError, SyntaxError) as exc:
         raise KeyError(
             f"'{env_id}': TextArena's module for it does not import here ({type(exc).__name__}: {str(exc)[:80]})"
         ) from exc

@@ -4,24 +4,7 @@ through `openenv-core`) or ``openenv:<http(s)://host:port>`` (a running OpenEnv 
     python -m env_servers serve openenv:my_env.server.my_environment:MyEnvironment
     python -m env_servers serve openenv:http://127.0.0.1:8000
 
-The mapping (docs/environments.md has the table):
-- reset(seed) -> OpenEnv ``reset(seed=seed % 2**32, **reset_kwargs)``; step(reply) -> one OpenEnv ``step``;
-- the reply becomes the Action by ``action_format``: ``text`` puts it in one string field (``action_field``, by
-  default the action's only string field), ``json`` parses it as the action's JSON object, ``tools`` (an MCP env:
-  its action is OpenEnv's ``call_tool``) sends each of the reply's tool calls as a ``call_tool`` action and
-  answers it with the call's result; ``auto`` picks tools, then text, then json from the action's schema;
-- the observation's text is its ``observation_field``, by default its only string field, else one ``name: value``
-  line per field (but done, reward, metadata and the fields read below; values that are not strings as JSON);
-- reward: the observation's (None -> 0; summed over a step's tool calls); done -> ``terminated``; ``truncated``
-  is ours, at ``max_steps``, or the env's (a boolean ``truncated`` field or metadata key, with done); metadata
-  -> ``info["metadata"]``; metrics are the numbers and booleans of metadata, ``metadata["metrics"]`` and a
-  ``metrics`` field (OpenEnv's wire drops metadata: a served env's metrics arrive only as a field);
-- ``action_valid`` is False when the reply cannot be made into an action (not JSON, failing the action's schema,
-  refused by the server as a validation error, or a tools reply with no call): no OpenEnv step is taken, the
-  reward is ``invalid_action_penalty``; an env may also say so itself (a boolean ``action_valid`` field or
-  metadata key);
-- anything else the foreign env does wrong (raises, times out after ``call_timeout_s``, disconnects, answers a
-  malformed observation) fails the call: the runtime aborts the episode (INTERNAL, the message naming the env).
+The mapping is the table in docs/environments.md.
 """
 
 from __future__ import annotations
@@ -94,22 +77,22 @@ class OpenEnvConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-_TOOLS: dict[tuple[str, OpenEnvConfig], tuple[Tool, ...]] = {}  # an MCP env's tools, listed once per config
+_TOOLS: dict[tuple[str, OpenEnvConfig], tuple[Tool, ...]] = {}  # listed once per config
 _SPECS: dict[tuple[str, OpenEnvConfig], EnvSpec] = {}
-_SCHEMAS: dict[str, dict[str, Any]] = {}  # target -> its action's JSON schema
+_SCHEMAS: dict[str, dict[str, Any]] = {}
 
 
 class OpenEnvEnv:
-    """One OpenEnv session: a backend (`InProcess` or `Remote`) and the mapping of the module docstring."""
+    """One OpenEnv session: a backend (`InProcess` or `Remote`) and the mapping."""
 
     env_id = ""
     target = ""  # module:Class or a URL
 
     def __init__(self, config: OpenEnvConfig) -> None:
         self.config = config
-        self.waits_on_io = self.target.startswith(_REMOTE)  # the runtime overlaps remote calls on many threads
+        self.waits_on_io = self.target.startswith(_REMOTE)
         self.backend = self._open()
-        if self.target not in _SCHEMAS:  # asked once per target: a session starts without an HTTP request
+        if self.target not in _SCHEMAS:  # once per target
             _SCHEMAS[self.target] = self.backend.action_schema()
         self.format, self.field = choose_format(_SCHEMAS[self.target], config)
         self._steps = 0
@@ -195,7 +178,7 @@ class OpenEnvEnv:
 
     def _scored(self, out: Outcome, reward: float) -> tuple[float, bool, bool, dict[str, Any]]:
         valid = flag(out, "action_valid", True)
-        cut = out.done and flag(out, "truncated", False)  # an env that reports its own truncation
+        cut = out.done and flag(out, "truncated", False)
         numbers = {**out.metadata, **dict_of(out.metadata.get("metrics")), **dict_of(out.fields.get("metrics"))}
         metrics = {k: float(v) for k, v in numbers.items() if isinstance(v, int | float) and k not in FLAGS}
         metrics["action_valid"] = float(valid)
@@ -215,7 +198,7 @@ class OpenEnvEnv:
 
     @classmethod
     def describe(cls, config: OpenEnvConfig) -> EnvSpec:
-        """The spec, made once per config (the runtime asks at every session; a probe costs a connection)."""
+        """The spec, probed once per config (the runtime asks at every session)."""
         key = (cls.env_id, config)
         if key not in _SPECS:
             _SPECS[key] = cls._probe(config)

@@ -1,9 +1,5 @@
-"""The two ways to reach an OpenEnv environment, behind one small interface: in this process (an installed
-`Environment` subclass) or over OpenEnv's WebSocket protocol (a running server's URL).
-
-Both answer in OpenEnv's wire shape, an `Outcome` (the observation's fields, reward, done), and turn the foreign
-env's failures into two exceptions: `InvalidAction` (the env refused the action as malformed: a normal step for
-us) and `ForeignEnvFailed` (it raised, timed out, died or answered something malformed: the episode is aborted).
+"""Two ways to reach an OpenEnv environment, in process or over its WebSocket protocol, both answering an
+`Outcome` and failing as `InvalidAction` (a normal invalid step) or `ForeignEnvFailed` (the episode aborts).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-_WIRE = ("done", "reward", "metadata")  # OpenEnv's Observation base fields, not shown to the agent as content
+_WIRE = ("done", "reward", "metadata")  # OpenEnv's Observation base fields
 
 
 class InvalidAction(ValueError):
@@ -29,7 +25,7 @@ class ForeignEnvFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """One OpenEnv answer: the observation's own fields, its reward (None: none given), done and metadata."""
+    """One OpenEnv answer."""
 
     fields: dict[str, Any]
     reward: float | None
@@ -61,8 +57,8 @@ def load(ref: str) -> Any:
 
 
 def action_type(env_cls: type, override: str = "") -> type:
-    """The env's Action class: ``override`` (``module:Class``), else the ``ActT`` its class declares, else OpenEnv's
-    `CallToolAction` for an `MCPEnvironment`, else its ``step``'s annotation."""
+    """The env's Action class: ``override``, the declared ``ActT``, `CallToolAction` for an MCP env, or ``step``'s
+    annotation."""
     if override:
         return load(override)
     for klass in env_cls.__mro__:
@@ -86,8 +82,8 @@ def action_type(env_cls: type, override: str = "") -> type:
 
 
 class InProcess:
-    """An OpenEnv `Environment` made here by ``factory`` (its class, or a function returning one); each call runs on
-    the instance's own thread, bounded by ``timeout_s``."""
+    """An OpenEnv `Environment` made here by ``factory``; each call runs on the instance's own thread, bounded by
+    ``timeout_s``."""
 
     def __init__(self, factory: Any, action_class: str, timeout_s: float) -> None:
         self.name, self.timeout_s = getattr(factory, "__name__", "env"), timeout_s
@@ -100,12 +96,12 @@ class InProcess:
         try:
             return future.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError as exc:
-            self._pool.shutdown(wait=False)  # the stuck call keeps its thread; this instance takes no more calls
+            self._pool.shutdown(wait=False)  # the stuck call keeps its thread
             self._pool = _Refusing(f"{self.name} timed out earlier")
             raise ForeignEnvFailed(f"OpenEnv env {self.name}: {what} timed out after {self.timeout_s:g}s") from exc
         except (InvalidAction, ForeignEnvFailed):
             raise
-        except Exception as exc:  # the foreign env's own error
+        except Exception as exc:
             raise ForeignEnvFailed(f"OpenEnv env {self.name}: {what} raised {type(exc).__name__}: {exc}") from exc
 
     def _outcome(self, observation: Any, where: str) -> Outcome:
@@ -115,14 +111,14 @@ class InProcess:
         return Outcome.parse(data, data.get("reward"), data.get("done"), where)
 
     def reset(self, seed: int, kwargs: dict[str, Any]) -> Outcome:
-        accepted = _accepted(self.env.reset, {"seed": seed, **kwargs})  # as OpenEnv's server does: some take no seed
+        accepted = _accepted(self.env.reset, {"seed": seed, **kwargs})  # some take no seed
         return self._outcome(self._call("reset", self.env.reset, **accepted), f"{self.name} reset")
 
     def step(self, action: dict[str, Any]) -> Outcome:
         import pydantic
 
         cls = self.action_cls
-        if action.get("type") in ("call_tool", "list_tools"):  # MCP actions, whatever the env's own action type
+        if action.get("type") in ("call_tool", "list_tools"):
             from openenv.core.env_server import mcp_types
 
             cls = mcp_types.CallToolAction if action["type"] == "call_tool" else mcp_types.ListToolsAction
@@ -136,7 +132,7 @@ class InProcess:
         return self.action_cls.model_json_schema()
 
     def description(self) -> str:
-        """The env's own description (OpenEnv's ``get_metadata``), '' when it has none."""
+        """The env's ``get_metadata`` description, or ''."""
         get = getattr(self.env, "get_metadata", None)
         return str(getattr(self._call("get_metadata", get), "description", "") or "") if callable(get) else ""
 
@@ -151,7 +147,7 @@ class InProcess:
 
 
 class _Refusing:
-    """The executor of an instance whose call timed out: every further call fails at once."""
+    """The executor after a timeout: every further call fails at once."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -164,26 +160,24 @@ class _Refusing:
 
 
 class Remote:
-    """A running OpenEnv server, one WebSocket session (``/ws``) per instance, spoken synchronously on the calling
-    thread: OpenEnv's messages (``{"type": "reset" | "step" | "close", "data": ...}``, answered by an
-    ``observation`` or an ``error``), as its `GenericEnvClient` sends them, without that client's event-loop
-    thread per session (docs/benchmarks.md, "Environments from other ecosystems")."""
+    """A running OpenEnv server, one ``/ws`` session per instance, spoken synchronously on the calling thread as
+    `GenericEnvClient` speaks it but without its event-loop thread per session (docs/benchmarks.md)."""
 
     def __init__(self, url: str, connect_timeout_s: float, timeout_s: float) -> None:
         from openenv.core.utils import convert_to_ws_url
 
         self.url, self.timeout_s, self.connect_timeout_s = url.rstrip("/"), timeout_s, connect_timeout_s
         self.ws_url = f"{convert_to_ws_url(self.url)}/ws"
-        self._ws: Any = None  # connected at the first call: a server may take one session at a time
+        self._ws: Any = None  # lazy: a server may take one session at a time
 
     def _exchange(self, what: str, message: dict[str, Any]) -> dict[str, Any]:
-        """Send one message and read its answer's ``data``; every failure as `InvalidAction` or `ForeignEnvFailed`."""
+        """Send one message and return its answer's ``data``."""
         from websockets.exceptions import ConnectionClosed, WebSocketException
         from websockets.sync.client import connect
 
         try:
             if self._ws is None:
-                self._ws = connect(  # no per-message deflate: small JSON messages, CPU spent on both ends
+                self._ws = connect(  # no deflate: small messages
                     self.ws_url, open_timeout=self.connect_timeout_s, max_size=None, proxy=None, compression=None
                 )
             self._ws.send(json.dumps(message))
@@ -197,7 +191,7 @@ class Remote:
                 f"OpenEnv server {self.url}: {what} failed: the session was closed ({exc}); an OpenEnv server closes "
                 "sessions past its max_concurrent_envs"
             ) from exc
-        except (OSError, WebSocketException, ValueError) as exc:  # refused, reset, a bad handshake, not JSON
+        except (OSError, WebSocketException, ValueError) as exc:
             self._drop()
             raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
@@ -239,7 +233,7 @@ class Remote:
         return schema
 
     def description(self) -> str:
-        """The server's description (``GET /metadata``), '' when it has none."""
+        """The server's ``GET /metadata`` description, or ''."""
         import httpx
 
         try:
@@ -252,13 +246,13 @@ class Remote:
         if self._ws is not None:
             try:
                 self._ws.send(json.dumps({"type": "close"}))
-            except Exception:  # a server already gone: nothing to close
+            except Exception:  # already gone
                 pass
             self._drop()
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments ``fn`` takes (all of them when it has ``**kwargs``)."""
+    """The keyword arguments ``fn`` takes."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return kwargs

@@ -1,5 +1,4 @@
-"""The OpenEnv adapter's mapping as pure functions: how a reply becomes an action's format, and how an answer's
-fields become our observation text, flags, metrics and tool results (the table in docs/environments.md)."""
+"""The OpenEnv adapter's mapping as pure functions (the table in docs/environments.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,9 @@ from typing import Any
 
 from env_servers.envs.openenv.backends import ForeignEnvFailed, Outcome
 
-TOOL_FIELDS = ("tool_name", "result", "error", "tools")  # a call_tool answer's fields (not shown as text)
-FLAGS = ("action_valid", "truncated")  # booleans an env may report as fields or metadata keys
-READ = (*FLAGS, "metrics")  # fields the mapping reads (not shown as text)
+TOOL_FIELDS = ("tool_name", "result", "error", "tools")  # a call_tool answer's fields
+FLAGS = ("action_valid", "truncated")
+READ = (*FLAGS, "metrics")  # read, not shown as text
 
 
 def observation_text(out: Outcome, field: str, skip: tuple[str, ...], where: str) -> str:
@@ -29,7 +28,7 @@ def observation_text(out: Outcome, field: str, skip: tuple[str, ...], where: str
 
 
 def choose_format(schema: dict[str, Any], config: Any) -> tuple[str, str]:
-    """``(format, text field)`` from the action's JSON schema and the config (see the module docstring)."""
+    """``(format, text field)`` from the action's JSON schema and the config."""
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
     strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
     mcp = {"tool_name", "arguments"} <= props.keys()
@@ -54,7 +53,7 @@ def dict_of(value: Any) -> dict[str, Any]:
 
 
 def flag(out: Outcome, name: str, default: bool) -> bool:
-    """A boolean the env reports as an observation field or in its metadata (``action_valid``, ``truncated``)."""
+    """A boolean the env reports as an observation field or metadata key."""
     for value in (out.fields.get(name), out.metadata.get(name)):
         if isinstance(value, bool):
             return value
@@ -62,7 +61,7 @@ def flag(out: Outcome, name: str, default: bool) -> bool:
 
 
 def result_text(result: Any) -> str:
-    """A call_tool result as text: MCP's text parts joined, structured data as JSON, a string as it is."""
+    """A call_tool result as text."""
     if isinstance(result, str):
         return result
     if isinstance(result, dict):

@@ -1,14 +1,5 @@
-"""Any env of ours served as an OpenEnv server, so OpenEnv clients and the trainers built on them (TRL, SkyRL,
-torchforge...) can use it: ``python -m env_servers openenv frozenlake --port 8000``.
-
-It is OpenEnv's own server (`openenv-core`'s ``create_app``: ``/ws`` sessions, ``/reset``, ``/step``, ``/state``,
-``/schema``, ``/health``, ``/metadata``, ``/mcp``), given one env id. The mapping:
-- ``reset(seed, episode_id)`` -> our reset (no seed: one is drawn and reported in ``metadata["seed"]``);
-- the action is `ReplyAction`: the reply ``text`` and, for a tool env, its ``tool_calls``; they are checked as our
-  runtime checks them (an unknown tool or bad arguments: an error result, ``action_valid`` false, the penalty);
-- the observation is `ReplyObservation`: ``text``, ``images`` (``data:`` URLs), ``tool_results``,
-  ``action_valid``, ``truncated``, ``metrics`` and ``info`` (the rest of the env's info; the reset's holds its
-  ``seed``); ``done`` is terminated or truncated. A step after the episode ended is refused.
+"""Any env of ours as an OpenEnv server (`openenv-core`'s ``create_app``), for OpenEnv clients and the trainers
+built on them: ``python -m env_servers openenv frozenlake --port 8000``. Mapping: docs/environments.md.
 """
 
 from __future__ import annotations
@@ -51,7 +42,7 @@ class ReplyAction(Action):
 
 
 class ReplyObservation(Observation):
-    """What the env answers: text (one <image> marker per picture), pictures, and one result per tool call."""
+    """The env's answer: text (one <image> marker per picture), pictures, one result per tool call."""
 
     text: str = Field(default="", description="the observation's text")
     images: list[str] = Field(default_factory=list, description="pictures as data: URLs, in marker order")
@@ -63,9 +54,9 @@ class ReplyObservation(Observation):
 
 
 class ServedEnv(Environment[ReplyAction, ReplyObservation, State]):
-    """One OpenEnv session on one of our envs (``entry`` and ``config`` are bound by `make_app`)."""
+    """One OpenEnv session on one of our envs (``entry`` and ``config`` bound by `make_app`)."""
 
-    SUPPORTS_CONCURRENT_SESSIONS = True  # each session has its own instance; our envs own their randomness
+    SUPPORTS_CONCURRENT_SESSIONS = True  # our envs own their randomness
     entry: EnvEntry
     config: Any
 
@@ -127,7 +118,7 @@ def _observation(obs: Any, *, done: bool, reward: float | None, info: Mapping[st
     rest = {str(k): v for k, v in info.items() if k not in ("action_valid", "metrics")}
     text, images = (obs.text, obs.images) if isinstance(obs, RichObservation) else (str(obs), ())
     urls = [f"data:{i.media_type};base64,{base64.b64encode(i.data).decode()}" for i in images]
-    # metadata too, for in-process users: OpenEnv's wire sends only the fields
+    # metadata for in-process users: OpenEnv's wire sends only the fields
     return ReplyObservation(
         text=text,
         images=urls,
@@ -140,9 +131,9 @@ def _observation(obs: Any, *, done: bool, reward: float | None, info: Mapping[st
 
 
 def make_app(env_id: str, config: Mapping[str, Any] | None = None, max_sessions: int = 64) -> Any:
-    """OpenEnv's ASGI app serving ``env_id`` (with ``config``, checked now) to up to ``max_sessions`` sessions."""
+    """OpenEnv's ASGI app serving ``env_id`` to up to ``max_sessions`` sessions."""
     entry = get_env(env_id)
     parsed = entry.make_config(config)
-    entry.describe(parsed)  # a config that cannot start fails here, before serving
+    entry.describe(parsed)  # fail before serving
     env_cls = type(f"Served[{env_id}]", (ServedEnv,), {"entry": entry, "config": parsed})
     return create_app(env_cls, ReplyAction, ReplyObservation, env_name=env_id, max_concurrent_envs=max_sessions)

@@ -1,9 +1,4 @@
-"""The Sokoban text env: config, episode state, push rules and gym-sokoban rewards.
-
-Levels come from `generator.generate_level` (the reset seed fully determines the level); this module owns
-what happens after reset: parsing replies, moving the player, pushing boxes, rewards, termination and the
-`describe` spec. The observation is the RAGEN/ROLL text board, its picture (`picture.py`), or both (`render`).
-"""
+"""The Sokoban env: config, push rules and gym-sokoban rewards; levels come from `generator.generate_level`."""
 
 from __future__ import annotations
 
@@ -85,7 +80,7 @@ class SokobanConfig:
             raise ValueError(f"dim_room={self.dim_room} must have both sides in [4, {MAX_ROOM_SIDE}]")
         if self.num_boxes < 1:
             raise ValueError(f"num_boxes={self.num_boxes} must be >= 1")
-        # Boxes, targets and the player need room to move: cap boxes + player at half the interior.
+        # Room to move: boxes + player at most half the interior.
         if self.num_boxes + 1 > (height - 2) * (width - 2) // 2:
             raise ValueError(f"num_boxes={self.num_boxes} does not fit in dim_room {self.dim_room}")
         for name in ("max_steps", "search_budget", "search_depth", "max_actions_per_turn"):
@@ -113,7 +108,7 @@ def cached_level(config: SokobanConfig, seed: int) -> Level:
     )
 
 
-# Keyed on the generation parameters only, so configs that differ in rewards or max_steps share levels.
+# Keyed on generation parameters only, so configs differing in rewards share levels.
 @functools.lru_cache(maxsize=4096)
 def _cached_generate(
     dim_room: tuple[int, int], num_boxes: int, seed: int, search_budget: int, search_depth: int, player_walk: int
@@ -124,7 +119,7 @@ def _cached_generate(
 
 
 class SokobanEnv:
-    """One Sokoban session. ``reset(seed)`` builds the level; ``step(reply)`` plays the reply's moves."""
+    """One Sokoban session."""
 
     def __init__(self, config: SokobanConfig) -> None:
         self.config = config
@@ -134,7 +129,7 @@ class SokobanEnv:
         self._boxes: set[int] = set()
         self._player = 0
         self._steps = 0
-        self._done = True  # no episode yet: step() before reset() is refused like step() after the end
+        self._done = True  # step() before reset() is refused
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str | Observation, dict[str, Any]]:
         """Start an episode. ``options["level"]`` (board text) plays a given level instead of generating one."""
@@ -195,7 +190,7 @@ class SokobanEnv:
         return obs, reward, terminated, truncated, info
 
     def _move(self, move: int) -> tuple[float, bool]:
-        """Apply one move; returns (reward, whether the board changed). Blocked moves are no-ops."""
+        """Apply one move: (reward, whether the board changed)."""
         cfg = self.config
         if not cfg.approach_reward:
             return self._push_or_walk(move)
@@ -224,7 +219,7 @@ class SokobanEnv:
         return reward, True
 
     def _to_box(self) -> int:
-        """Manhattan distance from the player to the nearest box off target (0 when every box is placed)."""
+        """Manhattan distance from the player to the nearest box off target (0 if none)."""
         width, player = self._level.width, self._player
         loose = self._boxes - self._targets
         return min((abs(player // width - b // width) + abs(player % width - b % width) for b in loose), default=0)
@@ -248,8 +243,7 @@ class SokobanEnv:
         return "\n".join(row[1:-1] for row in board.split("\n")[1:-1])
 
     def _observe(self) -> tuple[str | Observation, dict[str, float] | None]:
-        """The observation per ``render`` (the picture is painted from the text board: the same cells) and the
-        picture's metrics (None in text mode)."""
+        """The observation per ``render`` and the picture's metrics (None in text mode)."""
         board = self._render()
         view = show_board(self.config.render, board, lambda: paint(board, self.config.cell_pixels))
         return view.observation(), view.metrics

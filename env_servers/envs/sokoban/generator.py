@@ -1,20 +1,7 @@
-"""Sokoban level generation by reverse play, and a small optimal solver.
+"""Sokoban levels by gym-sokoban's reverse play (solvable by construction), the text board, and an optimal solver.
 
-This module owns the `Level` value type, the text board format (RAGEN/ROLL symbols), `generate_level` and
-`solve`. The algorithm family is gym-sokoban's, as used by RAGEN and ROLL: carve a room with a random walk,
-put boxes on their targets, then play backwards (the player *pulls* boxes) and keep the reachable state
-that maximises ``box_swaps * total_box_displacement``. Levels are solvable by construction.
-
-What differs from gym-sokoban, for speed and reproducibility:
-- the search walks *pull* moves only: the player's free walking is folded into a flood fill, and states
-  are deduplicated on (canonical player region, box set), so one node is one distinct box arrangement
-  rather than one player step;
-- the search is an iterative DFS with an explicit node budget (no recursion, no array copies per node);
-- all randomness comes from a `random.Random` per attempt, seeded from ``SeedSequence([seed, attempt])``:
-  the same seed gives the same level in any process.
-
-Cells are row-major indices ``row * width + col``. The outer ring of every level is wall, so a neighbour
-``cell + delta`` of a floor cell never leaves the grid.
+Cells are row-major indices ``row * width + col``; the outer ring is always wall, so ``cell + delta`` of a floor
+cell never leaves the grid.
 """
 
 from __future__ import annotations
@@ -27,7 +14,7 @@ import numpy as np
 
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "X", "√", "P", "S"
 
-# 3x3 floor stamps applied along the random walk: bars, two elbows and a 2x2 block.
+# Floor stamps along the random walk: bars, two elbows and a 2x2 block.
 _STAMPS = (
     ((0, -1), (0, 0), (0, 1)),
     ((-1, 0), (0, 0), (1, 0)),
@@ -41,7 +28,7 @@ _DIRECTION_CHANGE_P = 0.35
 
 @dataclass(frozen=True)
 class Level:
-    """An immutable Sokoban level: the room, targets, box positions and player position."""
+    """An immutable Sokoban level."""
 
     height: int
     width: int
@@ -49,7 +36,7 @@ class Level:
     targets: tuple[int, ...]  # sorted cell indices
     boxes: tuple[int, ...]  # sorted cell indices
     player: int
-    score: int = 0  # reverse-play score (box swaps x displacement); 0 for hand-made levels
+    score: int = 0  # box swaps x displacement; 0 for hand-made levels
 
     def render(self) -> str:
         return render_board(
@@ -58,7 +45,7 @@ class Level:
 
     @classmethod
     def from_text(cls, text: str) -> Level:
-        """Parse a board in the render format (``#_OX√PS``). The outer ring must be wall."""
+        """Parse a board in the render format (``#_OX√PS``)."""
         rows = [row for row in text.strip().split("\n")]
         height, width = len(rows), len(rows[0]) if rows else 0
         if height < 3 or width < 3 or any(len(row) != width for row in rows):
@@ -92,7 +79,7 @@ class Level:
 def render_board(
     height: int, width: int, floor: bytes, targets: frozenset[int], boxes: frozenset[int] | set[int], player: int
 ) -> str:
-    """The RAGEN/ROLL text board: newline-joined rows, one symbol per cell, no separators."""
+    """The RAGEN/ROLL text board: one symbol per cell, one line per row."""
     chars = []
     for cell in range(height * width):
         on_target = cell in targets
@@ -123,17 +110,16 @@ def generate_level(
     player_walk: int = 3,
     max_attempts: int = 64,
 ) -> Level:
-    """Generate a solvable level; the same arguments give the same level in any process.
+    """A solvable level; the same arguments give the same level in any process.
 
     Args:
         dim_room: (height, width) including the wall ring.
         num_boxes: boxes (= targets) to place.
-        seed: non-negative integer; attempt ``k`` draws from ``SeedSequence([seed, k])``.
-        search_budget: reverse-play nodes (distinct box arrangements) to expand per attempt.
+        seed: non-negative; attempt ``k`` draws from ``SeedSequence([seed, k])``.
+        search_budget: distinct box arrangements to expand per attempt.
         search_depth: longest reverse play, in player moves (gym-sokoban's TTL).
-        player_walk: after generation the player walks 1..player_walk random free steps (0 = stay),
-            so it does not start glued to the last box it pulled (RAGEN does the same).
-        max_attempts: attempts (new topology + placement) before giving up with RuntimeError.
+        player_walk: random free steps (1..N, 0 = off) so the player does not start at the last pulled box.
+        max_attempts: attempts before RuntimeError.
     """
     height, width = dim_room
     if seed < 0:
@@ -176,7 +162,10 @@ def _carve_room(height: int, width: int, rng: random.Random) -> bytes:
 def _reverse_play(
     height: int, width: int, floor: bytes, targets: tuple[int, ...], player: int, budget: int, max_depth: int
 ) -> tuple[int, tuple[int, ...], int] | None:
-    """DFS over pull moves from the solved state; the best (score, boxes by id, player), None if score 0."""
+    """DFS over pull moves from the solved state: the best (score, boxes by id, player), None if score 0.
+
+    One node is one box arrangement (player walking is a flood fill), not one player step as in gym-sokoban.
+    """
     rows = [i // width for i in range(height * width)]
     cols = [i % width for i in range(height * width)]
     deltas = (-width, width, -1, 1)
@@ -189,7 +178,7 @@ def _reverse_play(
     while stack and len(expanded) < budget:
         boxes, player, last, swaps, disp, depth = stack.pop()
         box_id = {b: i for i, b in enumerate(boxes)}
-        # Flood fill of the player's free region; dist gives the walking cost to each reachable cell.
+        # Flood fill: walking cost to each cell the player can reach.
         dist = {player: 0}
         queue = deque((player,))
         while queue:
@@ -244,10 +233,7 @@ def _random_walk(width: int, floor: bytes, boxes: set[int], player: int, steps: 
 
 
 def solve(level: Level, max_nodes: int = 1_000_000) -> int | None:
-    """Optimal number of moves to solve ``level`` (breadth-first), or None if unsolved within ``max_nodes`` states.
-
-    Boxes are never pushed onto cells from which no target can be reached (simple dead squares).
-    """
+    """Optimal number of moves to solve ``level`` (BFS pruning dead squares), or None past ``max_nodes`` states."""
     width, floor = level.width, level.floor
     deltas = (-width, width, -1, 1)
     live = _live_cells(level)
@@ -283,7 +269,7 @@ def solve(level: Level, max_nodes: int = 1_000_000) -> int | None:
 
 
 def _live_cells(level: Level) -> bytearray:
-    """Cells from which a lone box can still be pushed to some target (reverse pulls from the targets)."""
+    """Cells from which a lone box can still be pushed to some target."""
     width, floor = level.width, level.floor
     live = bytearray(len(floor))
     stack = list(level.targets)

@@ -1,5 +1,4 @@
-"""Sokoban's board as a picture: one flat-colour tile per text-board symbol, painted from the text board itself
-so the picture always shows exactly the state the text shows (the outer wall cropped or not)."""
+"""Sokoban's board as a picture, painted from the text board so both always show the same state."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ import numpy as np
 from env_servers.envs.png import paint_cells, tile_sheet
 from env_servers.envs.sokoban.generator import BOX, BOX_ON_TARGET, FLOOR, PLAYER, PLAYER_ON_TARGET, TARGET, WALL
 
-# The picture: one tile per board symbol. Boxes are squares and the player a disc, inset so the floor or target
-# under them stays visible; a box on a target is green instead of brown.
 _WALL_C, _FLOOR_C, _TARGET_C = (70, 70, 80), (225, 215, 190), (140, 210, 140)
 BOX_COLOUR, BOX_ON_TARGET_COLOUR, PLAYER_COLOUR = (185, 115, 45), (40, 140, 60), (40, 90, 220)
 _PICTURE = {  # symbol -> (ground, shape, fill, edge)

@@ -1,11 +1,7 @@
-"""WebShop-lite products, goals and splits: the types every other module shares, and the per-process store.
+"""WebShop-lite products, goals and splits, and the per-process catalogue store.
 
-A `Catalogue` comes from one of two sources, both read-only after construction and cached per process so that
-all sessions of a server share one catalogue and one search index:
-- `generated.generate_catalogue` (the default): a deterministic catalogue built from fixed vocabularies;
-- `original.load_webshop_data`: the files of princeton-nlp/WebShop, when the operator has them (``data_dir``).
-`get_catalogue` picks between them for a config. Splits follow the original: goals 0-499 test, 500-1499 dev,
-1500+ train.
+A `Catalogue` (generated, or princeton-nlp/WebShop's files via ``data_dir``) is read-only and cached per process,
+so all sessions share it and its search index. Splits as the original: goals 0-499 test, 500-1499 dev, 1500+ train.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any
 CATALOGUE_VERSION = "1"
 DEFAULT_NUM_PRODUCTS = 3000
 DEFAULT_SEED = 0
-GOAL_SHUFFLE_SEED = 233  # WebShop shuffles its goals with random.seed(233)
+GOAL_SHUFFLE_SEED = 233  # WebShop's random.seed(233)
 GOALS_PER_PRODUCT = 4
 NO_PRICE_BOUND = 1_000_000.0
 MISSING_PRICE = 100.0  # WebShop's price for products without one
@@ -31,7 +27,7 @@ SPLIT_BOUNDS = {"test": (0, 500), "dev": (500, 1500), "train": (1500, None)}
 SPLITS = tuple(SPLIT_BOUNDS)
 
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
-# Function words dropped by the noun fallback for data without a product-type lexicon (original data).
+# Dropped by the noun fallback for the original data.
 _FUNCTION_WORDS = frozenset(
     "a an and are as at be but by for from if in into is it its no not of on or our such that the their then there "
     "these they this to was will with you your all any can each few more most other some than too very up down out "
@@ -41,26 +37,26 @@ _FUNCTION_WORDS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class Product:
-    """One product, as the pages and the reward see it. Option values are lower-case and unique per product."""
+    """One product. Option values are lower-case and unique per product."""
 
     asin: str
     title: str
     category: str
-    product_category: str  # "Dept › Sub › Leaf", segments separated by " › "
+    product_category: str  # "Dept › Sub › Leaf"
     query: str
     bullets: tuple[str, ...]
     description: str
     attributes: tuple[str, ...]
     options: tuple[tuple[str, tuple[str, ...]], ...]  # (group name, values), both lower-case
-    price: float  # the price the reward compares with price_upper (fixed; inside the range for ranged tags)
-    price_tag: str  # what the pages show: "$12.99" or "$12.99 to $19.99"
+    price: float  # compared with price_upper; fixed inside the range for ranged tags
+    price_tag: str  # "$12.99" or "$12.99 to $19.99"
     rating: str = "N.A."
     reviews: tuple[tuple[str, str, str], ...] = ()  # (score, title, body)
     brand: str = ""
     product_type: str = ""
 
     def option_values(self) -> dict[str, str]:
-        """Lower-case option value -> its group name (the first group wins if a value repeats)."""
+        """Option value -> its group name (the first group wins)."""
         out: dict[str, str] = {}
         for name, values in self.options:
             for value in values:
@@ -70,22 +66,22 @@ class Product:
 
 @dataclass(frozen=True, slots=True)
 class Goal:
-    """A shopping instruction and what the reward checks: target product, attributes, options, price bound."""
+    """A shopping instruction and what the reward checks."""
 
     product: int  # index into Catalogue.products
     instruction: str
     attributes: tuple[str, ...]
-    options: tuple[tuple[str, str], ...]  # (group name or "" when unknown, value)
+    options: tuple[tuple[str, str], ...]  # (group name or "", value)
     price_upper: float = NO_PRICE_BOUND
 
 
 def tokens(text: str) -> list[str]:
-    """Lower-case alphanumeric runs: the shared word split of nouns and of the price/option helpers."""
+    """Lower-case alphanumeric runs."""
     return _TOKEN_RE.findall(text.lower())
 
 
 class Catalogue:
-    """Products + goals (in split order) + the noun lexicon used by the reward; read-only once built."""
+    """Products, goals (in split order) and the reward's noun lexicon; read-only once built."""
 
     def __init__(
         self,
@@ -118,18 +114,15 @@ class Catalogue:
         return len(self.splits[split])
 
     def goal(self, split: str, index: int) -> tuple[int, Goal]:
-        """(global goal number, goal) of the ``index``-th goal of ``split``; IndexError when out of range."""
+        """(global goal number, goal) of the ``index``-th goal of ``split``."""
         rng = self.splits[split]
         if not 0 <= index < len(rng):
             raise IndexError(f"goal index {index} out of range for split '{split}' ({len(rng)} goals)")
         return rng[index], self.goals[rng[index]]
 
     def nouns(self, text: str) -> set[str]:
-        """The product-name nouns used by the reward's title score (our deterministic stand-in for spaCy POS).
-
-        With a lexicon (generated catalogue: product-type nouns, brands, audiences) the nouns are the words of
-        ``text`` in it; without one (original data) they are the words that are neither function words nor numbers.
-        """
+        """The title score's nouns (deviation: spaCy POS tags in WebShop): words in the lexicon (product types,
+        brands, audiences) or, without one (original data), words that are not function words or numbers."""
         words = tokens(text)
         if self.noun_lexicon is not None:
             return {w for w in words if w in self.noun_lexicon}
@@ -137,7 +130,7 @@ class Catalogue:
 
     @property
     def index(self) -> Any:
-        """The BM25 index over the products (`search.SearchIndex`), built once on first use, thread-safely."""
+        """The `search.SearchIndex`, built once on first use."""
         if self._index is None:
             with self._index_lock:
                 if self._index is None:
@@ -148,7 +141,7 @@ class Catalogue:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Goal text and price bounds (shared by the generated catalogue and the original-data loader)
+# Goal text and price bounds
 
 
 def price_upper_for(price: float, rng: random.Random) -> float:
@@ -169,7 +162,7 @@ def option_text(options: Sequence[tuple[str, str]]) -> str:
 
 
 def catalogue_fingerprint(catalogue: Catalogue) -> str:
-    """sha256 over products and goals: pins the generator output (tests compare it across processes/versions)."""
+    """sha256 over products and goals: pins the generator output for tests."""
     h = hashlib.sha256()
     for p in catalogue.products:
         h.update(repr((p.asin, p.title, p.product_category, p.attributes, p.options, p.price, p.price_tag)).encode())
@@ -182,10 +175,7 @@ _BUILD_LOCK = threading.Lock()
 
 
 def get_catalogue(num_products: int | None, seed: int, data_dir: str | None) -> Catalogue:
-    """The shared catalogue for a config: the original data when ``data_dir`` is set, else the generated one.
-
-    Serialised by a lock, so server worker threads creating their first sessions at once build it only once.
-    """
+    """The shared catalogue for a config, built once under a lock."""
     from env_servers.envs.webshop.generated import default_catalogue
     from env_servers.envs.webshop.original import cached_data_dir
 

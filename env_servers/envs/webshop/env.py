@@ -1,26 +1,10 @@
-"""The WebShop-lite text env: WebShop's page state machine, action grammar and text rendering over our catalogue.
+"""The WebShop-lite text env: WebShop's text-mode pages (search, results, item, sub-page), ``search[...]`` /
+``click[...]`` grammar (raw or inside ``<answer>`` tags) and rendering over our catalogue.
 
-Pages (as in WebShop's text mode; visible strings joined with " [SEP] ", the instruction shown on every page):
-
-- search:  ``search[query]`` -> results page 1 (BM25 top 50, 10 per page)
-- results: ``click[back to search]``, ``click[next >]`` / ``click[< prev]`` (when there is a next/previous page),
-           ``click[<asin>]`` for the products on the page -> item page (chosen options cleared)
-- item:    ``click[<option value>]`` selects it in its group and re-renders; ``click[description|features|reviews]``
-           -> sub-page; ``click[< prev]`` -> the results page it came from; ``click[buy now]`` -> done, reward
-- sub:     ``click[< prev]`` -> item page (options kept); ``click[back to search]`` everywhere resets to search.
-
-A reply is the raw action or the same inside ``<answer>...</answer>`` (ROLL/RAGEN); matching is case-insensitive.
-``search[...]`` is valid only on the search page, ``click[x]`` only for a currently clickable x. Anything else is an
-invalid action: the page does not change, ``info["action_valid"]`` is False and the reward is the format penalty
-(WebShop itself treats it as a silent no-op with reward 0; ROLL adds the penalty). Every observation ends with the
-list of available actions, as RAGEN/ROLL prompts do. ``max_steps`` replies without a purchase truncate the episode
-with reward 0. Deviation from WebShop's text mode: a selected option value is rendered as "<value> (selected)"
-(WebShop's text mode does not show the selection; its text_rich mode does).
-
-``interface: "tools"`` offers the same actions as the tools ``search(query)`` and ``click(target)`` (`tools.py`).
-
-A session holds only its page state (the goal, at most 50 hit indices, the page, the chosen options); products and
-the search index are read-only and shared by all sessions of the process.
+Deviations from WebShop: an invalid action scores the format penalty (WebShop: a silent no-op with reward 0; ROLL
+adds the penalty); every observation ends with the available actions (as RAGEN/ROLL prompts); a selected option
+shows as "<value> (selected)" (as WebShop's text_rich mode). A session holds only its page state; the catalogue
+and index are shared.
 """
 
 from __future__ import annotations
@@ -111,7 +95,7 @@ class WebShopConfig:
 
 
 def parse_action(text: Any) -> tuple[str, str] | None:
-    """``(kind, argument)`` of a reply (raw or inside <answer> tags), lower-cased and stripped; None if malformed."""
+    """``(kind, argument)`` of a reply, lower-cased and stripped; None if malformed."""
     if not isinstance(text, str):
         return None
     content = extract_answer(text)
@@ -130,8 +114,7 @@ class WebShopEnv:
     def __init__(self, config: WebShopConfig, catalogue: Catalogue | None = None) -> None:
         self.config = config
         self.catalogue = catalogue or get_catalogue(config.num_products, config.catalogue_seed, config.data_dir)
-        # Build the shared search index now (once per process): the server's warm-up creates an env before it
-        # reports SERVING, so the first search of a session never pays the index build.
+        # Build the shared index now: the server's warm-up makes an env before SERVING.
         _ = self.catalogue.index
         self.goal: Goal | None = None
         self._goal_number = -1
@@ -144,13 +127,12 @@ class WebShopEnv:
         self._chosen: dict[str, str] = {}
         self._last: RewardBreakdown | None = None
         self._steps = 0
-        self._done = True  # step() before reset() is refused like step() after the end
+        self._done = True  # step() before reset() is refused
 
     # ---------------------------------------------------------------------------------------------- episode
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode on a goal: ``options={"split": "test", "index": 17}`` picks one exactly; otherwise the
-        seed draws uniformly from the config's split (``options["split"]`` alone overrides the split)."""
+        """Start an episode on a goal drawn by ``seed``, or ``options={"split": "test", "index": 17}``."""
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed}")
         options = options or {}
@@ -195,8 +177,8 @@ class WebShopEnv:
         return (self._render(), *self._outcome(valid))
 
     def _outcome(self, valid: bool) -> tuple[float, bool, bool, dict[str, Any]]:
-        """Reward, terminated, truncated and info of the step just taken (a purchase in an invalid step of the
-        tools interface scores the format penalty: a reply cannot buy its way out of a bad call)."""
+        """Reward, terminated, truncated and info of the step just taken; an invalid step that bought (tools)
+        still scores the format penalty."""
         reward = 0.0 if valid else self.config.format_penalty
         terminated = self._page == DONE
         if terminated and valid:
@@ -225,7 +207,7 @@ class WebShopEnv:
     # ---------------------------------------------------------------------------------------------- pages
 
     def clickables(self) -> list[str]:
-        """The lower-case click targets of the current page, in page order."""
+        """The current page's click targets, in page order."""
         if self._page == RESULTS:
             out = [BACK_TO_SEARCH]
             if self._results_page > 0:
@@ -247,7 +229,7 @@ class WebShopEnv:
         return {"has_search_bar": self._page == SEARCH, "clickables": self.clickables()}
 
     def _apply(self, kind: str, arg: str) -> bool:
-        """Perform a parsed action; False (nothing changes) when it is not available on the current page."""
+        """Perform a parsed action; False (nothing changes) when not available here."""
         if kind == "search":
             if self._page != SEARCH or not arg:
                 return False

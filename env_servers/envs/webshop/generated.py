@@ -1,22 +1,10 @@
 """The generated WebShop-lite catalogue (the default): products over 30 categories and their goals.
 
-`generate_catalogue(num_products, seed)` builds ``num_products`` products over 30 categories from fixed
-    vocabularies with one ``random.Random(seed)`` (never the process-global RNG), so the same arguments give the
-    same catalogue in every process and on every Python >= 3.10 (``random.Random`` streams for ``random``,
-    ``randrange``, ``choice``, ``sample`` and ``shuffle`` are stable). A product has what a scraped WebShop product
-    has: ASIN, title (brand + product-type noun phrase + audience + a few attributes), category path
-    (``dept › sub › type``), the search query it was "scraped" with, bullet points, a description, attributes from
-    its category's vocabulary, option groups (size/color/flavor/...), rating, reviews, and a price tag that is
-    either one price or a range; for a range the price used by the reward is drawn once, at generation, inside it
-    (WebShop draws it at load time from the process RNG, which made runs irreproducible).
-
-    Goals follow WebShop's synthetic-goal recipe: every product has a template instruction with 1-3 of its own
-    attributes; a goal adds one combination of its option values (" with color: black, and size: 7") and a price
-    bound: ``price_upper`` = the larger of two values sampled from the next (at most) four multiples of $10 above the
-    price, appended as ", and price lower than X.00 dollars" (no bound, upper = 1e6, if fewer than two candidates).
-    WebShop enumerates every option combination of a product; we keep at most `GOALS_PER_PRODUCT` combinations per
-    product so that products with many options do not dominate the goal set. Goals are shuffled with a fixed seed
-    (233, as in WebShop) and split like the original: goals 0-499 test, 500-1499 dev, 1500+ train.
+Products have a scraped WebShop product's fields, drawn from fixed vocabularies with one ``random.Random(seed)``,
+so the same arguments give the same catalogue in every process (its streams are stable on Python >= 3.10). Goals
+follow WebShop's synthetic-goal recipe. Deviations: a price range's reward price is drawn at generation (WebShop
+draws it at load time from the process RNG, irreproducibly); at most `GOALS_PER_PRODUCT` option combinations per
+product (WebShop takes all), so products with many options do not dominate the goal set.
 """
 
 from __future__ import annotations
@@ -49,8 +37,8 @@ class _Category:
     key: str
     path: str  # "Dept › Sub"; the product type is the leaf
     types: tuple[str, ...]
-    audience: str  # e.g. "for women", appended to titles and instructions ("" for none)
-    query_fmt: str  # the "scraping" search query, e.g. "women's {type}"
+    audience: str  # e.g. "for women", or ""
+    query_fmt: str  # e.g. "women's {type}"
     attributes: tuple[str, ...]
     options: tuple[tuple[str, tuple[str, ...]], ...]
     price: tuple[float, float]
@@ -386,7 +374,7 @@ def _product_goals(index: int, product: Product, cat: _Category, rng: random.Ran
 
 
 def generate_catalogue(num_products: int = DEFAULT_NUM_PRODUCTS, seed: int = DEFAULT_SEED) -> Catalogue:
-    """The generated catalogue of ``num_products`` products (deterministic in both arguments); see module doc."""
+    """The generated catalogue of ``num_products`` products, deterministic in both arguments."""
     if num_products < 1:
         raise ValueError(f"num_products={num_products} must be >= 1")
     rng = random.Random(f"webshop-lite/{CATALOGUE_VERSION}/{seed}")
@@ -411,5 +399,5 @@ def generate_catalogue(num_products: int = DEFAULT_NUM_PRODUCTS, seed: int = DEF
 
 @functools.lru_cache(maxsize=4)
 def default_catalogue(num_products: int = DEFAULT_NUM_PRODUCTS, seed: int = DEFAULT_SEED) -> Catalogue:
-    """`generate_catalogue`, built once per process and argument pair and shared by every session."""
+    """`generate_catalogue`, once per process and argument pair."""
     return generate_catalogue(num_products, seed)

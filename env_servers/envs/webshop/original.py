@@ -1,6 +1,4 @@
-"""The original WebShop data: `load_webshop_data(data_dir)` reads princeton-nlp/WebShop's files when the operator
-has them (served with ``serve webshop --env-config 'webshop={"data_dir": "..."}'``; see the function docstring).
-"""
+"""The loader for princeton-nlp/WebShop's original data files (the operator's ``data_dir``)."""
 
 from __future__ import annotations
 
@@ -36,15 +34,12 @@ def _first_file(data_dir: Path, names: Sequence[str]) -> Path | None:
 
 
 def _asin_rng(asin: str, purpose: str) -> random.Random:
-    """A per-product RNG keyed on the ASIN: the loaded data is deterministic whatever the file order."""
+    """A per-product RNG, so the data is deterministic whatever the file order."""
     return random.Random(f"webshop-data/{purpose}/{asin}")
 
 
 def parse_pricing(pricing: Any, asin: str) -> tuple[float, str]:
-    """(price, tag) from WebShop's ``pricing`` text ("$12.99", "$12.99 - $19.99") or a number/list of numbers.
-
-    A range gets a fixed price drawn uniformly inside it from an RNG keyed on the ASIN; no price gives $100.
-    """
+    """(price, tag) from WebShop's ``pricing``; a range's price is drawn inside it per ASIN, none gives $100."""
     if isinstance(pricing, int | float) and not isinstance(pricing, bool):
         values = [float(pricing)]
     elif isinstance(pricing, list):
@@ -80,7 +75,7 @@ def _as_list(value: Any) -> tuple[str, ...]:
 
 
 def _parse_options(raw: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``customization_options`` ({name: [{"value": ..., "image": ...}, ...]}) -> lower-case groups, like WebShop."""
+    """``customization_options`` -> lower-case groups, like WebShop."""
     if not isinstance(raw, Mapping):
         return ()
     groups, used = [], set()
@@ -139,19 +134,11 @@ def _goal_options(product: Product, values: Iterable[str]) -> tuple[tuple[str, s
 
 
 def load_webshop_data(data_dir: str | os.PathLike[str], num_products: int | None = None) -> Catalogue:
-    """A catalogue from princeton-nlp/WebShop's data files in ``data_dir``.
+    """A catalogue from WebShop's ``items_shuffle[_1000].json``, optional ``items_ins_v2[_1000].json`` (attributes,
+    synthetic goals) and optional ``items_human_ins.json`` (the human goals, used instead when present).
 
-    Reads ``items_shuffle.json`` (or ``items_shuffle_1000.json``): a JSON list of products with ``asin``, ``name``,
-    ``category``, ``query``, ``product_category``, ``pricing`` ("$12.99" or "$12.99 - $19.99"), ``full_description``,
-    ``small_description`` (bullet points), ``customization_options`` ({name: [{"value": ...}]}), ``average_rating``;
-    the cleaned keys ``Title``/``Description``/``BulletPoints``/``Price``/``Attributes`` are accepted too. Optional
-    ``items_ins_v2.json`` (or ``_1000``) maps asin -> {"attributes", "instruction", "instruction_attributes"}.
-    Optional ``items_human_ins.json`` maps asin -> [{"instruction", "instruction_attributes",
-    "instruction_options"}]: the human goals (WebShop's benchmark). Without it, goals are synthetic, built from the
-    ``items_ins_v2`` instructions with the same recipe as the generated catalogue. ``num_products`` keeps the first
-    N products (WebShop's 100/1k/100k subsets). Prices of ranges and price bounds are drawn from RNGs keyed on the
-    ASIN, and goals are shuffled with seed 233 by our own RNG: the goal order differs from the original's.
-    The whole file is loaded into memory: meant for the 1k file or a subset, not an all-products server.
+    ``num_products`` keeps the first N. Deviation: goals are shuffled by our own seeded RNG, so their order differs
+    from the original's. The file is loaded whole: meant for the 1k file or a subset.
     """
     root = Path(data_dir)
     product_file = _first_file(root, PRODUCT_FILES)

@@ -1,27 +1,13 @@
-"""WebShop's purchase reward, paid once, on Buy Now (every other step earns 0).
+"""WebShop's purchase reward, paid on Buy Now (other steps earn 0); success is R == 1.
 
     R = r_type * (A + O + P) / (|goal attributes| + |goal options| + 1)
 
-- A (attributes): the number of goal attributes ``g`` that the bought product has: ``token_set_ratio(p, g) > 85``
-  for some product attribute ``p``, else ``g`` is a substring of the lower-cased title, bullet points or
-  description.
-- O (options): the number of goal option values ``g`` matched by some chosen option value ``c`` with
-  ``token_set_ratio(c, g) > 85``, both first colour-normalised (a value that names a known colour is replaced by it).
-- P (price): 1 if the bought product's price <= the goal's ``price_upper``, else 0.
-- r_type (type): starts at 1.0; becomes 0.5 if none of {the two products were found with the same search query,
-  their category paths share >= 2 segments, title_score > 0.2}; then 0.1 if title_score < 0.1; then 0.0 if
-  title_score == 0. ``title_score`` = |goal nouns ∩ bought nouns| / |goal nouns| over the nouns of the goal
-  product's title and of the bought product's title (0.2 when the goal title has no nouns).
+A: goal attributes the product has (fuzzy-matches an attribute, else a substring of title, bullets or
+description); O: goal option values fuzzy-matched by a chosen value (colours normalised); P: price <= price_upper;
+r_type: `type_reward`. Fuzzy is ``token_set_ratio > 85`` with ``default_process``, as WebShop's ``thefuzz``
+call; its quirk is kept: a word subset scores 100 ("x-large" matches "large", "7.5" matches "7").
 
-Fuzzy matching is ``rapidfuzz.fuzz.token_set_ratio`` with rapidfuzz's ``default_process`` (lower-case,
-non-alphanumerics to spaces), which is what WebShop's ``thefuzz`` call does by default. Inherited quirk, kept on
-purpose: a value whose words are a subset of the other's scores 100, so "x-large" matches "large" and "7.5" matches
-"7" ("7.5" is processed to the words "7" and "5").
-
-Deviation: WebShop finds nouns with spaCy part-of-speech tags (NOUN, PROPN). spaCy and its models are not available
-offline, so the nouns come from ``Catalogue.nouns``: for the generated catalogue, the words of a title that are in
-the catalogue's lexicon of product-type nouns, brands and audiences; for the original data, the words that are
-neither function words nor numbers. Success is R == 1.
+Deviation: nouns come from ``Catalogue.nouns`` instead of spaCy POS tags (not available offline).
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ from rapidfuzz.utils import default_process
 from env_servers.envs.webshop.catalogue import Goal, Product
 
 FUZZY_THRESHOLD = 85
-# Colour names for option normalisation, longest first so "navy blue" wins over "blue".
+# Longest first so "navy blue" wins over "blue".
 COLORS = tuple(
     sorted(
         (
@@ -69,7 +55,7 @@ def similar(a: str, b: str) -> bool:
 
 
 def normalize_color(value: str) -> str:
-    """The first known colour named in ``value`` (longest names first), else ``value`` unchanged."""
+    """The first known colour named in ``value``, else ``value``."""
     lowered = value.lower()
     return next((c for c in COLORS if c in lowered), value)
 
@@ -81,7 +67,11 @@ def title_score(goal_nouns: set[str], bought_nouns: set[str]) -> float:
 
 
 def type_reward(target: Product, bought: Product, nouns: Callable[[str], set[str]]) -> tuple[float, float, bool, bool]:
-    """(r_type, title_score, query_match, category_match) of buying ``bought`` when ``target`` was wanted."""
+    """(r_type, title_score, query_match, category_match) of buying ``bought`` when ``target`` was wanted.
+
+    r_type is 1, or 0.5 when none of: same search query, >= 2 shared category segments, title_score > 0.2; then
+    0.1 if title_score < 0.1, 0 if it is 0. title_score: the share of the target title's nouns in the bought one's.
+    """
     query_match = bool(target.query) and target.query == bought.query
     target_path = {s.strip() for s in target.product_category.split("›") if s.strip()}
     bought_path = {s.strip() for s in bought.product_category.split("›") if s.strip()}
@@ -118,7 +108,7 @@ def purchase_reward(
     chosen: Mapping[str, str],
     nouns: Callable[[str], set[str]],
 ) -> RewardBreakdown:
-    """The reward of buying ``bought`` with options ``chosen`` (group -> value) for ``goal`` (wanting ``target``)."""
+    """The reward of buying ``bought`` with options ``chosen`` (group -> value) for ``goal``."""
     r_type, score, query_match, category_match = type_reward(target, bought, nouns)
     attrs = attribute_matches(goal.attributes, bought)
     opts = option_matches([value for _, value in goal.options], chosen.values())

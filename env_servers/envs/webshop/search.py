@@ -1,14 +1,8 @@
-"""BM25 product search through the `bm25s` library, one index per catalogue, shared by all sessions of a process.
+"""BM25 product search (bm25s, Lucene variant, pyserini's parameters), one immutable index per catalogue shared
+by all sessions. Documents are WebShop's indexed text.
 
-Document text follows WebShop's indexing recipe: ``lower(title + description + first bullet + option text)``,
-option text being ``"size: 7, 8, and color: black, white"``. WebShop searches a pyserini (Lucene) index with its
-default BM25 parameters (k1 = 0.9, b = 0.4) and returns the top 50 hits; we use the same parameters and bm25s's
-Lucene variant. Deviation: Lucene's default analyzer uses the Porter stemmer; we tokenize to lower-case
-alphanumeric runs, drop bm25s's English stop words (Lucene's list) and apply a minimal English plural stemmer
-(the rules of Lucene's EnglishMinimalStemmer), which keeps us on numpy + bm25s only. Hits are documents with a
-positive score, as Lucene returns only documents matching at least one query term.
-
-The index is immutable after construction; `SearchIndex.search` only reads it, so concurrent sessions may share it.
+Deviation: instead of Lucene's Porter stemmer, Lucene's English stop words and EnglishMinimalStemmer's plural
+rules (numpy + bm25s only). Hits have a positive score, as Lucene returns only documents matching a term.
 """
 
 from __future__ import annotations
@@ -24,17 +18,17 @@ from bm25s.stopwords import STOPWORDS_EN
 if TYPE_CHECKING:
     from env_servers.envs.webshop.catalogue import Product
 
-TOP_K = 50  # WebShop's search returns the top 50 hits
+TOP_K = 50  # as WebShop
 BM25_K1 = 0.9  # pyserini's defaults
 BM25_B = 0.4
-MAX_QUERY_CHARS = 1000  # longer queries are cut: bounds the work one reply can cause
+MAX_QUERY_CHARS = 1000  # bounds the work one reply can cause
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(STOPWORDS_EN)
 
 
 def stem(word: str) -> str:
-    """Minimal English plural stemming (Lucene EnglishMinimalStemmer's rules): shoes -> shoe, berries -> berry."""
+    """Lucene EnglishMinimalStemmer's plural rules: shoes -> shoe, berries -> berry."""
     n = len(word)
     if n < 3 or word[-1] != "s":
         return word
@@ -54,7 +48,7 @@ def tokenize(text: str) -> list[str]:
 
 
 def doc_text(product: Product) -> str:
-    """WebShop's indexed text of a product."""
+    """WebShop's indexed text: ``lower(title + description + first bullet + options)``."""
     options = ", and ".join(f"{name}: {', '.join(values)}" for name, values in product.options)
     first_bullet = product.bullets[0] if product.bullets else ""
     return " ".join((product.title, product.description, first_bullet, options)).lower()
@@ -71,13 +65,13 @@ class SearchIndex:
         self._vocab = frozenset(self._retriever.vocab_dict)
 
     def search(self, query: str, k: int = TOP_K) -> tuple[int, ...]:
-        """Indices of the (at most ``k``) best-matching products with a positive BM25 score, best first."""
+        """Indices of the (at most ``k``) best products with a positive score, best first."""
         words = [w for w in tokenize(query[:MAX_QUERY_CHARS]) if w in self._vocab]
         k = min(k, self.size)
         if not words or k < 1:
             return ()
         docs, scores = self._retriever.retrieve([words], k=k, show_progress=False, n_threads=0)
         docs, scores = docs[0], scores[0]
-        # Stable order for equal scores: by score, then by catalogue index (bm25s's top-k does not promise one).
+        # Ties by catalogue index: bm25s's top-k order is not stable.
         order = np.lexsort((docs, -scores))
         return tuple(int(docs[i]) for i in order if scores[i] > 0)

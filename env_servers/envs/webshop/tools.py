@@ -1,28 +1,8 @@
-"""WebShop's actions as tools (``interface: "tools"``, issue 32): ``search(query)`` and ``click(target)``.
+"""WebShop's actions as tools (``interface: "tools"``): ``search(query)`` is ``search[query]`` and
+``click(target)`` is ``click[target]``, with the same pages and reward; each call's result says what it did.
 
-The same env, pages and reward as the text mode; only the way the agent acts changes. The spec lists the two tools
-(`TOOLS`) and its instruction, action format and example describe calls instead of ``search[...]``/``click[...]``.
-A step receives an `Action`; each call does exactly what the text action does (``search(query="x")`` is
-``search[x]``, ``click(target="x")`` is ``click[x]``: the argument lower-cased and stripped, valid only where the text
-action is) and is answered with one `ToolResult`:
-
-- search: ``searched for '<query>': <n> results, page 1 of <p>`` (the results page is the observation);
-- click: what the click did, e.g. ``opened B0123 (<title>)``, ``selected 'black' for color``, ``opened reviews``,
-  ``went to results page 2``, ``back on the search page``, ``bought B0123 (score 0.7500)``;
-- a call not available on the current page (a search off the search page, an empty query, a target that is not
-  clickable here), malformed arguments or an unknown tool: an error result naming what is available; the page does
-  not change and the step is invalid (``action_valid`` False, ``format_penalty``), as an invalid text action is.
-
-The observation is the page after the step, as in the text mode, except its last line lists the actions as calls
-(``Available actions: click(target) with target one of ["back to search", "next >", ...]``).
-
-Calls per step: at most ``max_calls_per_step`` (default 1) run, in order, each on the state the previous one left;
-the calls beyond the limit are not run and get an error result (the step is invalid). Calls after a purchase are
-not run either (an error result, "the episode is over") but do not make the step invalid. A step without a call is
-invalid. Any invalid call makes the step invalid: the reward is the format penalty even if a later call bought
-(as the runtime's rule for bad calls, `env_servers/server/tools.py`, whose penalty here is the spec's
-``reward_min``, i.e. ``format_penalty``).
-Metrics: the text mode's plus ``tool_calls`` (the number of calls in the step).
+A call not available on the page, past ``max_calls_per_step``, or malformed makes the step invalid (the format
+penalty, even if another call bought); calls after a purchase are not run but are not invalid.
 """
 
 from __future__ import annotations
@@ -64,7 +44,7 @@ _ARGUMENT = {"search": "query", "click": "target"}
 
 
 def tool_spec(spec: EnvSpec, config: WebShopConfig) -> EnvSpec:
-    """The text mode's spec with the tools, and an instruction/format/example that describe calls."""
+    """The text mode's spec with the tools and describing calls."""
     limit = config.max_calls_per_step
     per_step = "one tool call per reply" if limit == 1 else f"up to {limit} tool calls per reply, run in order"
     instruction = (
@@ -91,7 +71,7 @@ def tool_spec(spec: EnvSpec, config: WebShopConfig) -> EnvSpec:
 
 
 def actions_text(env: WebShopEnv) -> str:
-    """The observation's last line in the tools interface: the available actions as calls."""
+    """The observation's last line: the available actions as calls."""
     if env._page == shop.SEARCH:
         return "search(query)"
     if env._page == shop.DONE:
@@ -100,7 +80,6 @@ def actions_text(env: WebShopEnv) -> str:
 
 
 def tool_step(env: WebShopEnv, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-    """One step of the tools interface (see the module docstring)."""
     if env._done:
         raise RuntimeError("step() called on a finished episode; call reset() first")
     action = Action(action) if isinstance(action, str) else action
@@ -124,11 +103,11 @@ def tool_step(env: WebShopEnv, action: Action | str) -> tuple[Observation, float
 
 
 def _run(env: WebShopEnv, call: ToolCall) -> tuple[bool, str]:
-    """Perform one call: (valid, what it did or why it could not be done). Never raises."""
+    """Perform one call: (valid, what it did or why not). Never raises."""
     if call.name not in _ARGUMENT:
         return False, f"unknown tool '{call.name}' (tools: search, click)"
     key = _ARGUMENT[call.name]
-    try:  # the runtime has checked the arguments; an env used without it (a unit test) still never raises
+    try:  # the runtime checked these; unit tests call directly
         arguments = json.loads(call.arguments)
         value = arguments[key]
         if not isinstance(value, str):
@@ -152,7 +131,7 @@ def _why_not(env: WebShopEnv, kind: str, arg: str) -> str:
 
 
 def _clicked(env: WebShopEnv, arg: str, page: str, item: int, chosen: dict[str, str]) -> str:
-    """What a valid click did, given the page, item and chosen options before it."""
+    """What a valid click did, given the state before it."""
     products = env.catalogue.products
     if arg == shop.BACK_TO_SEARCH:
         return "back on the search page"

@@ -99,7 +99,8 @@ def _plain(info: Mapping[str, Any], skip: str) -> dict[str, Any]:
     """The JSON-representable scalars of GEM's info."""
     out = {}
     for key, value in info.items():
-        if key != skip and isinstance(value, str | int | float | bool) and not isinstance(value, np.generic):
+        value = value.item() if isinstance(value, np.generic) else value  # np.float64(0.5) -> 0.5
+        if key != skip and isinstance(value, str | int | float | bool):
             out[str(key)] = value
     return out
 

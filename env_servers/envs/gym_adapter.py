@@ -83,6 +83,10 @@ class GymTextEnv:
         board = _plain_ansi(self.env.render()).strip("\n").rstrip() if self._ansi else json.dumps(_jsonable(obs))
         return f"{board}\n{self._legal()}"
 
+    def close(self) -> None:
+        """Release the Gymnasium env (its renderer's window or files); the server calls it when a session ends."""
+        self.env.close()
+
     def _parse(self, reply: str) -> Any:
         answer = extract_answer(reply)
         if answer is None:
@@ -121,6 +125,7 @@ class GymTextEnv:
         first, _ = probe.reset(0)
         low, high = probe.env.unwrapped.reward_range if hasattr(probe.env.unwrapped, "reward_range") else (-1, 1)
         finite = [v for v in (float(low), float(high), config.format_penalty) if np.isfinite(v)]
+        probe.close()
         return EnvSpec(
             env_id=PREFIX + cls.gym_id,
             version="gymnasium-" + _import_gymnasium().__version__,

@@ -57,3 +57,12 @@ def test_bad_gem_ids_and_configs_are_named():
         get_env("gem:game:NoSuchGame")
     with pytest.raises(ConfigError, match="make_kwargs"):
         get_env(GUESS).make_config({"make_kwargs": "{not json"})
+
+
+def test_numpy_scalars_in_gems_info_reach_the_trainer_as_numbers():
+    import numpy as np
+
+    from env_servers.envs.gem_adapter import _plain
+
+    info = {"correct": np.bool_(True), "score": np.float64(0.5), "suffix": "the board", "cells": [1, 2]}
+    assert _plain(info, skip="suffix") == {"correct": True, "score": 0.5}

@@ -56,6 +56,8 @@ class RollLightningCLI(LightningCLI):
 
         # named here, under the key the user sets: the module only sees the linked copy, model.algorithm.temperature
         check_sampling_temperature(config.data.rollout.episode.sampling.temperature)
+        if config.data.engine.dtype is None:  # the engine generates in the trainer's dtype unless told otherwise
+            config.data.engine.dtype = config.model.dtype
         path = resolve_model(config.model.model)
         config.model.model = config.data.model = str(path)
 

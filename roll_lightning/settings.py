@@ -4,7 +4,7 @@ values a choice allows."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, get_args, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 Rule = tuple[bool, str]  # (whether the value holds, what it must be: ">= 1", "one of a, b")
 
@@ -14,8 +14,12 @@ class ConfigError(ValueError):
 
 
 def choices(config: object, key: str) -> tuple[Any, ...]:
-    """The values a ``Literal``-typed setting allows, read from its type: each choice is declared once."""
-    return get_args(get_type_hints(type(config))[key])
+    """The values a ``Literal``-typed setting allows, read from its type (``None`` too if it is optional): each
+    choice is declared once."""
+    hint = get_type_hints(type(config))[key]
+    if get_origin(hint) is Literal:
+        return get_args(hint)
+    return tuple(v for arg in get_args(hint) for v in (get_args(arg) if get_origin(arg) is Literal else (None,)))
 
 
 def one_of(config: object, key: str) -> str:

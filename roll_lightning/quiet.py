@@ -1,8 +1,5 @@
-"""What a run does not print: the warnings and notices that do not apply to this design, silenced one by one.
-
-Each entry matches one message (and, for warnings, its category) and says why it does not apply. Nothing is
-silenced wholesale: a new warning from any library still shows. `tests/cli/test_quiet.py` runs a fit and fails
-on any of these lines before the first step, and on any warning at all from our own code.
+"""The warnings and notices that do not apply to this design, silenced one by one (never wholesale), each
+with why it does not apply.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ class _DropNotices(logging.Filter):
 
 
 def silence_known_noise() -> None:
-    """Install the filters for this process (the CLI calls it before anything is built)."""
+    """Install the filters for this process, before anything is built."""
     for category, pattern, _why in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category)
     lightning_log = logging.getLogger("lightning.pytorch")
@@ -52,7 +49,7 @@ def silence_known_noise() -> None:
         for handler in lightning_log.handlers:
             handler.addFilter(_DropNotices())
         lightning_log.addFilter(_DropNotices())
-    # transformers' "Loading weights" bars: two per start (trainer and engine), cut to pieces in a log file
+    # transformers' "Loading weights" bars turn to noise in a log file
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

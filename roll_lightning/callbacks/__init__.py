@@ -1,6 +1,5 @@
-"""Callbacks a config adds: trajectory dumps and what the terminal shows (progress, the summary at the end, the
-headline dashboard). The module's own callbacks (weight sync, GPU handoff) live with it in `roll_lightning.training`
-and are re-exported here."""
+"""Callbacks a config adds: trajectory dumps, progress, the end summary, the dashboard. The module's own
+(weight sync, GPU handoff) live in `roll_lightning.training` and are re-exported here."""
 
 from roll_lightning.callbacks.dashboard import HeadlineDashboard
 from roll_lightning.callbacks.progress import RunProgress

@@ -1,10 +1,5 @@
-"""`HeadlineDashboard`: TensorBoard's Custom Scalars page opens on what a run is for.
-
-TensorBoard's Scalars page lists every metric by namespace, alphabetically (``env/`` first). This callback
-adds one layout to each `TensorBoardLogger` of the run, so the Custom Scalars page shows the headline charts
-first: success (training episodes and held-out, on one chart), return, and where the time goes; a run with
-several envs (``data.rollout.envs``) also gets each env's success and return (``rollout/<tag>/...``,
-``eval/<tag>/...``: Multiline charts take regular expressions).
+"""`HeadlineDashboard`: TensorBoard's Custom Scalars page opens on what a run is for (success, return, time),
+rather than the Scalars page's alphabetical list that starts with ``env/``. Multiline charts take regexes.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """`RunProgress`: the run's progress in one line, whether stdout is a terminal or a file.
 
-In a terminal the line is redrawn after every rollout step; piped to a file (``| tee log``, ``nohup``, a batch
-scheduler) a new line is printed after the first step and then at most every ``every_s`` seconds, so a log
-never stays silent for long and never fills with redraws::
+A terminal redraws the line every rollout step; a file gets a line at most every ``every_s`` seconds::
 
     step 600/5000 (12%) 7:06, ETA 22:54 | success 0.31 return 2.10 | held-out 28.9% (step 500)
         | 0.62 s/step: rollout 0.38 train 0.23 sync 0.001
 
-Held-out evaluations are printed as lines of their own, above the progress line
-(`roll_lightning.training.eval_report.EvalReport`). The ETA is the
-wall time per step of this fit so far (evaluations included; after a resume, only the steps since) times the
-steps left, capped by ``trainer.max_time``.
-
-What it reads is typed: ``pl_module`` is an `AgentRLModule` (its step counter, limit and evaluation reports),
-and the step's metrics are the ones the module logged under their fixed names (``rollout/``, ``timing/``,
-``sync/``). It replaces Lightning's progress bar, whose epoch and batch counters mean nothing in an endless
-rollout stream; ``trainer.enable_progress_bar: false`` turns it off (the evaluation lines then go to the log).
+It replaces Lightning's bar, whose epoch and batch counters mean nothing in an endless rollout stream.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from roll_lightning.training.module import AgentRLModule
 class RunProgress(ProgressBar):
     def __init__(self, every_s: float = 30.0, stream: IO[str] | None = None) -> None:
         """Args:
-        every_s: seconds between lines when the output is not a terminal (the first step always prints).
+        every_s: seconds between lines when the output is not a terminal.
         stream: where to write (default: stdout).
         """
         super().__init__()
@@ -44,7 +34,7 @@ class RunProgress(ProgressBar):
         self._last_print = -float("inf")
         self._printed_evals = 0
         self._last_step_shown = -1
-        self._line_open = False  # a terminal line to clear before anything else is printed
+        self._line_open = False  # a terminal line to end before anything else is printed
 
     # -- ProgressBar's contract -----------------------------------------------------------------------
 
@@ -66,11 +56,10 @@ class RunProgress(ProgressBar):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         module = _agent(pl_module)
-        self._printed_evals = len(module.fit_record.evals)  # a resumed run's earlier ones are not repeated
+        self._printed_evals = len(module.fit_record.evals)  # not a resumed run's earlier ones
         self._write(self.start_line(trainer, module), final=True)
 
     def start_line(self, trainer: L.Trainer, module: AgentRLModule) -> str:
-        """What is about to run: the model, its size, the env, the length, where it writes."""
         from roll_lightning.rollout.datamodule import RolloutDataModule
 
         weights = sum(p.numel() for p in module.actor.parameters())
@@ -90,7 +79,7 @@ class RunProgress(ProgressBar):
         return text + f" -> {trainer.default_root_dir}"
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.print_evals(_agent(pl_module))  # the evaluation before the first update, as soon as it is done
+        self.print_evals(_agent(pl_module))  # the evaluation before the first update
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         module = _agent(pl_module)
@@ -102,7 +91,7 @@ class RunProgress(ProgressBar):
             self._last_step_shown = module.steps_done
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "validate":  # a checkpoint's fit evaluations are history: `validate` prints its own
+        if trainer.state.fn == "validate":  # not the checkpoint's fit evaluations
             self._printed_evals = len(_agent(pl_module).fit_record.evals)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -116,14 +105,14 @@ class RunProgress(ProgressBar):
             self._last_step_shown = module.steps_done
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._line_open:  # leave the last progress line in place, and what follows on a line of its own
+        if self._line_open:
             self.stream.write("\n")
             self._line_open = False
 
     # -- what is printed ------------------------------------------------------------------------------
 
     def print_evals(self, module: AgentRLModule) -> None:
-        """Each held-out evaluation not printed yet, as one line of its own."""
+        """Each held-out evaluation not printed yet, on a line of its own."""
         for report in module.fit_record.evals[self._printed_evals :]:
             self._write(report.line(), final=True)
         self._printed_evals = len(module.fit_record.evals)
@@ -168,7 +157,6 @@ class RunProgress(ProgressBar):
 
 
 def _tag_success(key: str) -> bool:
-    """``rollout/<tag>/success_rate``: one env's success in a multi-env run."""
     parts = key.split("/")
     return len(parts) == 3 and parts[0] == "rollout" and parts[2] == "success_rate"
 
@@ -207,8 +195,7 @@ def _seconds_left(trainer: L.Trainer) -> float | None:
 
 
 def _eta(elapsed: float, done_here: int, left: int | None, time_left: float | None) -> float | None:
-    """Seconds until the run ends: by the ``left`` steps at this fit's pace (``done_here`` steps in ``elapsed``
-    seconds; a resumed run's earlier steps are not in them), or by ``max_time``, whichever comes first."""
+    """Seconds until the run ends: ``left`` steps at this fit's pace (since any resume), capped by ``max_time``."""
     by_steps = elapsed / done_here * left if left is not None and done_here > 0 else None
     candidates = [t for t in (by_steps, time_left) if t is not None]
     return max(0.0, min(candidates)) if candidates else None

@@ -1,18 +1,12 @@
 """`RunSummary`: when a fit ends, or is stopped, say where everything went and how to go on.
 
-Printed on rank 0, to stdout, after the last step (or after Ctrl-C / SIGTERM / an error, once the last checkpoint
-is saved)::
+Printed on rank 0 (also after Ctrl-C, SIGTERM or an error)::
 
     run: runs/sokoban (2677 rollout steps, 30.0 min)
       metrics      runs/sokoban/lightning_logs/version_0/metrics.csv
       checkpoint   runs/sokoban/checkpoints/last.ckpt
-      episodes     python -m http.server -d runs/sokoban/lightning_logs/version_0/trajectories  (open the page)
       resume       python -m roll_lightning fit --config configs/sokoban.yaml --ckpt_path last
-      validate     python -m roll_lightning validate --config configs/sokoban.yaml --ckpt_path last
-      tensorboard  tensorboard --logdir runs/sokoban/lightning_logs   (with a TensorBoard logger)
-
-The commands repeat the run's own arguments (a different ``--ckpt_path`` is replaced), so they find the same
-configs, overrides and run folder.
+      ...
 """
 
 from __future__ import annotations
@@ -34,9 +28,9 @@ from roll_lightning.training.module import AgentRLModule
 
 
 def rerun_command(subcommand: str, argv: Sequence[str], ckpt_path: str = "last") -> str:
-    """``python -m roll_lightning <subcommand>`` with the run's arguments, ``--ckpt_path`` set to ``ckpt_path``."""
+    """``python -m roll_lightning <subcommand>`` with the run's arguments and ``--ckpt_path ckpt_path``."""
     args, skip = [], False
-    for arg in list(argv)[1:]:  # argv[0] is the subcommand the run was started with
+    for arg in list(argv)[1:]:  # argv[0] is the run's subcommand
         if skip:
             skip = False
         elif arg == "--ckpt_path":
@@ -47,7 +41,7 @@ def rerun_command(subcommand: str, argv: Sequence[str], ckpt_path: str = "last")
 
 
 def _shown(path: Path | str) -> str:
-    """A path relative to the working directory when it is below it (what a person types)."""
+    """Relative to the working directory when below it (what a person types)."""
     path = Path(path).resolve()
     try:
         return str(path.relative_to(Path.cwd()))
@@ -69,7 +63,7 @@ class RunSummary(L.Callback):
         self._printed = self._training = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._training = True  # a run that failed while setting up has nothing to point at
+        self._training = True  # a run that failed in setup has nothing to point at
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.report(trainer, pl_module)

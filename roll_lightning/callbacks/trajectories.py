@@ -1,17 +1,5 @@
-"""`TrajectoryDump`: every N rollout steps, write a sample of the batch's episodes as JSONL, plus a static viewer.
-
-The output folder (default ``{trainer.log_dir}/trajectories``) holds:
-
-- ``step_{k:06d}.jsonl``: one JSON object per sampled episode of rollout step ``k`` (schema: `episode_record`);
-- ``index.json``: ``{"files": [...]}``, the step files in step order, so the viewer can list them;
-- ``index.html``: the viewer (`viewer.html` next to this module): no network, no build step. Serve the folder
-  (``python -m http.server -d DIR``) and it finds the step files by itself; opened from ``file://`` (where
-  browsers refuse ``fetch``) it takes the JSONL files through its file picker.
-
-Which batch: `AgentRLModule.training_step` pulls its batch through ``dataloader_iter`` and keeps it as
-``pl_module.fit_record.last_batch``; this callback reads it in ``on_train_batch_end`` (the ``batch`` argument
-is the fallback for modules without it). Only global rank 0 writes: every rank holds a different share of the
-episodes, and one sample is what a person looks at.
+"""`TrajectoryDump`: every N rollout steps, write a sample of the batch's episodes as JSONL, plus a static viewer
+(no network: serve the folder, or pick the files from ``file://``). Only global rank 0 writes its share.
 """
 
 from __future__ import annotations
@@ -41,9 +29,7 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
 def sample_episodes(episodes: Sequence[Episode], max_episodes: int) -> list[Episode]:
-    """Up to ``max_episodes`` episodes, one per group first (in order of first appearance), then second
-    members, ...: a deterministic sample that shows as many different boards as it can. ``max_episodes <= 0``:
-    all of them."""
+    """Up to ``max_episodes`` (<= 0: all), one per group first: deterministic, as many boards as can be."""
     if max_episodes <= 0 or max_episodes >= len(episodes):
         return list(episodes)
     groups: dict[str, list[Episode]] = {}
@@ -62,8 +48,7 @@ def sample_episodes(episodes: Sequence[Episode], max_episodes: int) -> list[Epis
 
 
 def _jsonable(value: Any) -> Any:
-    """JSON without NaN/Infinity (the viewer's ``JSON.parse`` rejects them) and without unknown types (env
-    metrics are floats by contract, but a dump must not crash a run over one odd value)."""
+    """JSON without NaN/Infinity (``JSON.parse`` rejects them); odd types become strings rather than crash a run."""
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):
@@ -72,14 +57,13 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "item"):  # numpy / torch scalars
+    if hasattr(value, "item"):
         return _jsonable(value.item())
     return str(value)
 
 
 def turn_advantages(batch: RolloutBatch, row_values: Sequence[float]) -> dict[tuple[str, int], float]:
-    """``(traj_id, turn) -> advantage`` from a batch's per-row advantages: a step row is one turn; a trajectory
-    row covers all of its episode's turns (``step`` holds their number), which then share its value."""
+    """``(traj_id, turn) -> advantage`` from per-row advantages; a trajectory row's turns share its value."""
     out: dict[tuple[str, int], float] = {}
     for traj, step, value in zip(batch.traj_id, batch.step.tolist(), row_values, strict=True):
         for turn in batch.layout.turns_of_row(int(step)):
@@ -88,22 +72,15 @@ def turn_advantages(batch: RolloutBatch, row_values: Sequence[float]) -> dict[tu
 
 
 def _pictures(images: Sequence[PromptImage]) -> list[dict[str, str]]:
-    """The env's encoded bytes as base64, with their media type: all the viewer needs. The model's pixel values
-    are left out (a dump stays the size of the PNGs, and they can be recomputed from these bytes)."""
+    """The env's encoded image bytes as base64 (not pixel values: the dump stays the size of the PNGs)."""
     return [{"media_type": i.media_type, "data": base64.b64encode(i.data).decode("ascii")} for i in images]
 
 
 def episode_record(
     episode: Episode, step: int, tokenizer: Any = None, advantages: dict[tuple[str, int], float] | None = None
 ) -> dict[str, Any]:
-    """One JSONL line. ``prompt``: the first prompt as the model saw it (special tokens kept, so the chat
-    template shows), or None without a tokenizer. ``turn`` counts from 0, like the batch's ``step`` tensor.
-    ``final_observation``: the board after the last move. ``advantage``: what the update gave the turn (from
-    `turn_advantages`; None when unknown). ``images`` (per turn) and ``final_images``: the pictures of
-    ``observation`` and ``final_observation``, in ``<image>`` marker order, as ``{"media_type", "data"}`` with
-    ``data`` the env's PNG/JPEG bytes in base64 (empty lists for text envs). A turn's ``images`` are what that
-    observation showed, not the earlier turns' pictures its prompt may repeat. ``tool_results``: what the
-    turn's tool calls returned (``call_id``, ``name``, ``content``, ``is_error``; empty for text envs)."""
+    """One JSONL line. ``prompt`` keeps special tokens (the chat template shows); ``turn`` counts from 0; a
+    turn's ``images`` are its own observation's, in ``<image>`` marker order."""
     prompt = None
     if tokenizer is not None and episode.turns:
         prompt = tokenizer.decode(episode.turns[0].prompt_ids, skip_special_tokens=False)
@@ -146,27 +123,26 @@ def episode_record(
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write then rename: a viewer polling the folder never reads half a file."""
+    """Write then rename: a polling viewer never reads half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
 def viewer_html() -> str:
-    """The viewer's source (a package resource, so it works from an installed wheel as well)."""
     return resources.files("roll_lightning.callbacks").joinpath(VIEWER).read_text(encoding="utf-8")
 
 
 def write_index(directory: Path) -> list[str]:
-    """Rewrite ``index.json`` from the step files present (so files of an earlier, resumed run stay listed)."""
+    """Rewrite ``index.json`` from the step files present (a resumed run's earlier files stay listed)."""
     found = [(int(m.group(1)), p.name) for p in directory.iterdir() if (m := _STEP_FILE.match(p.name))]
-    files = [name for _, name in sorted(found)]  # by number: names outgrow the zero padding past 999999
+    files = [name for _, name in sorted(found)]  # by number: names outgrow the padding past 999999
     _write_atomic(directory / "index.json", json.dumps({"files": files}, indent=1) + "\n")
     return files
 
 
 class TrajectoryDump(L.Callback):
-    """Write sampled episodes of every ``every_n_steps``-th rollout step as JSONL, with an HTML viewer."""
+    """Sampled episodes as JSONL every ``every_n_steps`` rollout steps, with an HTML viewer."""
 
     def __init__(
         self,
@@ -177,14 +153,10 @@ class TrajectoryDump(L.Callback):
     ) -> None:
         """
         Args:
-            every_n_steps: dump rollout steps ``k`` with ``k % every_n_steps == 0`` (``k`` counts finished
-                rollout batches from 1: ``pl_module.steps_done``, or ``trainer.global_step`` for modules
-                without it).
-            max_episodes: episodes per dump, one per group first (0: every episode of the batch).
-            dirpath: output folder (used as is, like `ModelCheckpoint`'s); default:
-                ``{trainer.log_dir}/trajectories``.
-            tokenizer_for_prompts: decode each episode's first prompt with the datamodule's ``tokenizer`` (if it
-                has one) into the ``prompt`` field.
+            every_n_steps: dump every n-th rollout step (counted from 1).
+            max_episodes: episodes per dump, one per group first (0: all).
+            dirpath: output folder; default ``{trainer.log_dir}/trajectories``.
+            tokenizer_for_prompts: decode each episode's first prompt into the ``prompt`` field.
         """
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
@@ -197,7 +169,7 @@ class TrajectoryDump(L.Callback):
         self._viewer_written = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Resolved here, on every rank: `trainer.log_dir` broadcasts, so calling it on rank 0 alone would hang.
+        # on every rank: `trainer.log_dir` broadcasts, so rank 0 alone would hang
         root = self.dirpath or str(Path(trainer.log_dir or trainer.default_root_dir) / "trajectories")
         self.directory = Path(root)
 
@@ -208,10 +180,10 @@ class TrajectoryDump(L.Callback):
             return
         steps = getattr(pl_module, "steps_done", None)
         step = steps if isinstance(steps, int) else trainer.global_step
-        # A step that did not advance the counter (a skipped batch) must not dump the previous batch again.
+        # a skipped batch leaves the step as is: don't dump the previous batch again
         if step <= 0 or step % self.every_n_steps or step == self._last_step:
             return
-        record = getattr(pl_module, "fit_record", None)  # `AgentRLModule`'s (or any module's shaped like it)
+        record = getattr(pl_module, "fit_record", None)
         rollout = getattr(record, "last_batch", None)
         if rollout is None and hasattr(batch, "episodes"):
             rollout = batch
@@ -233,8 +205,8 @@ class TrajectoryDump(L.Callback):
         default_root: str | None = None,
         advantages: dict[tuple[str, int], float] | None = None,
     ) -> Path:
-        """Write ``step_{step:06d}.jsonl`` (and the viewer, once per run; ``index.json``, every time)."""
-        if self.directory is None:  # called outside `fit` (no on_train_start): no log_dir to ask
+        """Write ``step_{step:06d}.jsonl``, ``index.json`` and (once per run) the viewer."""
+        if self.directory is None:  # called outside `fit`
             self.directory = Path(self.dirpath or Path(default_root or ".") / "trajectories")
         self.directory.mkdir(parents=True, exist_ok=True)
         lines = [
@@ -243,7 +215,7 @@ class TrajectoryDump(L.Callback):
         ]
         path = self.directory / f"step_{step:06d}.jsonl"
         _write_atomic(path, "".join(f"{line}\n" for line in lines))
-        if not self._viewer_written:  # once per run, replacing a viewer left by an older version
+        if not self._viewer_written:  # replaces a viewer an older version left
             _write_atomic(self.directory / "index.html", viewer_html())
             self._viewer_written = True
         write_index(self.directory)

@@ -1,9 +1,4 @@
-"""Checkpoints that resume where a run stopped and are never used damaged.
-
-`StepCheckpoint` writes ``<default_root_dir>/checkpoints/last.ckpt`` after every rollout step (and keeps the step
-before as ``previous.ckpt``), `ChecksummedCheckpointIO` makes each write atomic and checksummed and verifies it on
-load, and `resolve_ckpt_path` turns ``--ckpt_path`` into a verified file (or one clear `CheckpointError`).
-"""
+"""Checkpoints that resume where a run stopped and are never used damaged (docs/reliability.md)."""
 
 from roll_lightning.checkpoints.callback import PREVIOUS, StepCheckpoint, checkpoint_dir
 from roll_lightning.checkpoints.integrity import CheckpointError, Stamp, read_stamp, verify, write_checkpoint

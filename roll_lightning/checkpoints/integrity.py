@@ -1,16 +1,7 @@
-"""Checkpoint files that are complete or absent, and whose damage is found before they are used.
+"""Checkpoint files that are complete or absent, and checked before use (docs/reliability.md).
 
-A checkpoint is written to a hidden temporary file beside its name, synced and renamed over it: a kill or a full
-disk at any moment leaves the previous file whole (the partial temporary is removed, or left hidden and removed
-by the next save). Its SHA-256 is stored inside the file, as the comment of the zip archive that ``torch.save``
-writes (a field every zip reader skips, so ``torch.load`` reads the file unchanged): file and checksum are one
-rename, so they can never disagree the way a sidecar file written next to it could after a kill.
-
-`verify` tells an empty, truncated, foreign or altered file apart and raises `CheckpointError` with one line
-naming the file, what is wrong and which checkpoint beside it is intact, before ``torch.load`` sees it (which
-reports those as a bare ``EOFError``, "file is corrupted" without the path, advice to load unsafely, or nothing
-at all for altered bytes). Files written without a stamp (before this format, or by other tools) are checked for
-completeness only.
+The SHA-256 is the zip comment of the archive ``torch.save`` writes (``torch.load`` skips it), so file and
+checksum land in one rename and cannot disagree the way a sidecar file could after a kill.
 """
 
 from __future__ import annotations
@@ -26,19 +17,18 @@ import torch
 
 MARKER = b"roll_lightning-checkpoint "
 ZIP_START = b"PK\x03\x04"
-END_RECORD = b"PK\x05\x06"  # zip "end of central directory": 22 bytes, the last 2 the comment length
+END_RECORD = b"PK\x05\x06"  # zip end of central directory: 22 bytes, the last 2 the comment length
 END_RECORD_SIZE = 22
 CHUNK = 1 << 20
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be written or used; the message is the whole story, on one line."""
+    """A checkpoint that cannot be written or used (a one-line message)."""
 
 
 @dataclass(frozen=True)
 class Stamp:
-    """What a checkpoint carries about itself: the digest of its torch bytes and the step it holds (Lightning's
-    ``global_step``, optimiser steps, and the rollout step, the run's own count, where the module keeps one)."""
+    """A checkpoint's digest of its torch bytes and the step it holds (``global_step``: optimiser steps)."""
 
     sha256: str
     global_step: int
@@ -63,9 +53,8 @@ class Stamp:
 
 
 def _real_cause(err: BaseException) -> BaseException:
-    """What stopped a write: torch's zip writer raises its own "unexpected pos" over it on the way out, which would
-    turn a full disk into a riddle and a signal handler's ``SystemExit`` into a crash. A process stop first, then
-    an OS error, else ``err``."""
+    """What stopped a write, under the "unexpected pos" error torch's zip writer raises over it: a process stop
+    first, then an OS error, else ``err``."""
     chain: list[BaseException] = []
     current: BaseException | None = err
     while current is not None and current not in chain:
@@ -76,18 +65,15 @@ def _real_cause(err: BaseException) -> BaseException:
 
 
 def temporary_path(path: Path) -> Path:
-    """Where `write_checkpoint` builds ``path``: hidden, and not a ``*.ckpt`` name anything would resume from."""
+    """Hidden, and no ``*.ckpt`` name to resume from."""
     return path.with_name(f".{path.name}.tmp")
 
 
 def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
-    """Save ``checkpoint`` at ``path`` atomically, stamped with its checksum; on any failure ``path`` is as it was
-    and nothing partial stays beside it.
+    """Save ``checkpoint`` at ``path`` atomically, stamped with its checksum; on failure ``path`` is unchanged.
 
-    torch writes the temporary by its name, with its own C file, not through a Python file object: a signal
-    handler that raises (the rollout's SIGTERM handler does) may then run inside torch's write callback, where
-    torch masks the ``SystemExit`` with its own error (1 run in 4 exited with status 1 instead of 143 in a drill)
-    or loses it. The digest is read back instead (from the page cache, just written)."""
+    torch writes by file name, not through a Python file object: a raising SIGTERM handler run inside torch's
+    write callback had its ``SystemExit`` masked (1 run in 4 exited 1, not 143). So the digest is read back."""
     temporary = temporary_path(path)
     try:
         try:
@@ -121,7 +107,7 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
 
 
 def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable (a power cut could otherwise bring back the old name)."""
+    """Make the rename durable across a power cut."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -133,10 +119,9 @@ _verified: dict[tuple[str, int, int, int], Stamp | None] = {}
 
 
 def verify(path: Path) -> Stamp | None:
-    """Raise `CheckpointError` unless ``path`` is a whole checkpoint whose bytes match its stamp; the stamp, or
-    None for an unstamped file (complete, but not checkable further). A file verified before and not changed
-    since (same inode, size and mtime) is not hashed again: the CLI checks ``--ckpt_path`` before any work
-    starts, and the load checks it once more."""
+    """Raise `CheckpointError` unless ``path`` is whole and matches its stamp; return the stamp (None: unstamped).
+
+    An unchanged file (inode, size, mtime) is not hashed twice: the CLI and the load both verify it."""
     try:
         info = path.stat()
         key = (str(path.resolve()), info.st_ino, info.st_size, info.st_mtime_ns)
@@ -153,7 +138,7 @@ def verify(path: Path) -> Stamp | None:
 
 
 def read_stamp(path: Path) -> Stamp | None:
-    """The stamp of a checkpoint that looks whole from its end (cheap: the digest is not checked)."""
+    """The stamp, without checking the digest."""
     try:
         comment = _comment(path)
     except OSError:
@@ -167,7 +152,6 @@ def read_stamp(path: Path) -> Stamp | None:
 
 
 def _inspect(path: Path) -> tuple[str | None, Stamp | None]:
-    """What is wrong with ``path`` (None: nothing), and its stamp."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as file:
@@ -195,7 +179,7 @@ def _inspect(path: Path) -> tuple[str | None, Stamp | None]:
 
 
 def _comment(path: Path) -> bytes | None:
-    """The zip comment of ``path``, or None when no end record closes the file (truncated or not a zip)."""
+    """The zip comment, or None when no end record closes the file."""
     size = path.stat().st_size
     with open(path, "rb") as file:
         file.seek(max(0, size - END_RECORD_SIZE - 0xFFFF))
@@ -210,7 +194,7 @@ def _comment(path: Path) -> bytes | None:
 
 
 def _digest(path: Path, body: int) -> str:
-    """SHA-256 of the first ``body`` bytes plus the empty comment length, i.e. of the file as torch wrote it."""
+    """SHA-256 of the file as torch wrote it: ``body`` bytes plus an empty comment length."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         left = body
@@ -225,12 +209,12 @@ def _digest(path: Path, body: int) -> str:
 
 
 def describe_intact_sibling(path: Path) -> str:
-    """The newest other checkpoint in ``path``'s folder that verifies, as the end of an error message."""
+    """The newest other intact checkpoint beside ``path``, as the end of an error message."""
     best: tuple[int, Path, Stamp | None] | None = None
     for other in sorted(path.parent.glob("*.ckpt")):
         if other.resolve() == path.resolve():
             continue
-        if other.is_dir():  # a sharded checkpoint: whole once Lightning wrote its meta.pt (no step known)
+        if other.is_dir():  # sharded: whole once it has meta.pt
             if (other / "meta.pt").is_file() and best is None:
                 best = (-1, other, None)
             continue

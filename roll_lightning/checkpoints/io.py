@@ -1,9 +1,6 @@
 """`ChecksummedCheckpointIO`: Lightning's checkpoint plugin, with atomic, checksummed writes verified on load.
 
-Lightning calls a strategy's `CheckpointIO` on global rank 0 only (single device, DDP, and `ModelParallelStrategy`
-when it gathers a full checkpoint); `ModelParallelStrategy`'s default distributed checkpoints are folders that
-it writes and reads itself, without the plugin, and are left as they are. Remote (fsspec) paths go through
-Lightning's own implementation unchanged.
+Sharded checkpoints (folders `ModelParallelStrategy` writes itself) and remote paths bypass it.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ class ChecksummedCheckpointIO(TorchCheckpointIO):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             write_checkpoint(checkpoint, target)
-        except (OSError, RuntimeError) as err:  # a full disk, a size limit, a read-only folder: nothing partial left
+        except (OSError, RuntimeError) as err:  # a full disk, a read-only folder, ...
             before = "the one there before is unchanged" if existed else "there was none before"
             raise CheckpointError(
                 f"checkpoint {target} could not be written ({_reason(err, target.parent)}); nothing partial was "
@@ -50,14 +47,14 @@ class ChecksummedCheckpointIO(TorchCheckpointIO):
         verify(Path(path))
         try:
             checkpoint = super().load_checkpoint(path, map_location, weights_only)
-        except Exception as err:  # an unstamped file torch rejects, whatever torch raises for it
+        except Exception as err:  # an unstamped file torch rejects
             detail = "its pickled data is not readable" if isinstance(err, pickle.UnpicklingError) else str(err)
             first_line = detail.strip().splitlines()[0] if detail.strip() else type(err).__name__
             raise CheckpointError(
                 f"checkpoint {path} cannot be loaded ({first_line}); {describe_intact_sibling(Path(path))}"
             ) from err
         missing = [key for key in LIGHTNING_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
-        if missing:  # a whole file, but not a training checkpoint (Lightning would fail on it with a KeyError)
+        if missing:  # Lightning would fail with a KeyError
             held = (
                 ", ".join(map(str, list(checkpoint)[:6])) if isinstance(checkpoint, dict) else type(checkpoint).__name__
             )
@@ -68,12 +65,11 @@ class ChecksummedCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
 
-LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step", "state_dict")  # what every fit checkpoint holds
+LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step", "state_dict")
 
 
 def _reason(err: OSError | RuntimeError, folder: Path) -> str:
-    """Why a write failed, in words: torch reports a failed write of its own file without the errno (a full disk
-    reads "iostream error"), so the free space is added."""
+    """Why a write failed, with the free space: torch reports a full disk as "iostream error", without errno."""
     if isinstance(err, OSError):
         return str(err.strerror or err)
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -85,8 +81,7 @@ def _reason(err: OSError | RuntimeError, folder: Path) -> str:
 
 
 def use_checksummed_io(trainer: L.Trainer) -> L.Trainer:
-    """Give ``trainer``'s strategy a `ChecksummedCheckpointIO` unless it was configured with another plugin
-    than Lightning's default (which is left to its owner)."""
+    """Give ``trainer``'s strategy a `ChecksummedCheckpointIO`, unless it has a plugin of its own."""
     strategy = trainer.strategy
     if type(strategy.checkpoint_io) is TorchCheckpointIO:
         strategy.checkpoint_io = ChecksummedCheckpointIO()

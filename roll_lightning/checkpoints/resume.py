@@ -1,16 +1,6 @@
 """`resolve_ckpt_path`: what ``--ckpt_path`` means for a run, decided before any server or model starts.
 
-The rules (docs/reliability.md, "Resume"):
-
-- ``fit --ckpt_path last`` resumes from ``<default_root_dir>/checkpoints/last.ckpt``, after verifying it. When the
-  run has no checkpoint at all it says so in one line and starts at step 0, so a job script can always pass it.
-  When that folder has no ``last.ckpt`` but checkpoints exist elsewhere under the root (the layout before
-  checkpoints moved there, or a ``previous.ckpt`` alone) it refuses and names the newest: starting over beside
-  them would not be what was asked.
-- ``fit`` without ``--ckpt_path`` into a root whose checkpoint folder is not empty refuses: it would overwrite the
-  earlier run's ``last.ckpt``.
-- ``validate --ckpt_path last`` with no checkpoint refuses (evaluating the initial weights was not asked for).
-- Any other file path is verified as is; Lightning's other special values pass through.
+The rules: docs/reliability.md, "Resume".
 """
 
 from __future__ import annotations
@@ -25,12 +15,12 @@ from roll_lightning.checkpoints.callback import checkpoint_dir
 from roll_lightning.checkpoints.integrity import CheckpointError, describe_intact_sibling, read_stamp, verify
 
 LAST = "last.ckpt"
-SHARDED_COMPLETE = "meta.pt"  # what Lightning's ModelParallelStrategy writes after every rank's shards
+SHARDED_COMPLETE = "meta.pt"  # written after every rank's shards
 PASS_THROUGH = ("best", "hpc")
 
 
 def resolve_ckpt_path(requested: str | None, trainer: L.Trainer, fitting: bool) -> str | None:
-    """The checkpoint file to start from (None: none), or `CheckpointError` saying why there is none to use."""
+    """The checkpoint to start from (None: none); `CheckpointError` when there is none to use."""
     directory = checkpoint_dir(trainer)
     if requested is None:
         if fitting:
@@ -45,7 +35,6 @@ def resolve_ckpt_path(requested: str | None, trainer: L.Trainer, fitting: bool) 
 
 
 def _check(path: Path) -> None:
-    """Verify a checkpoint file; a sharded checkpoint (a folder) is complete once Lightning wrote its meta.pt."""
     if not path.is_dir():
         verify(path)
     elif not (path / SHARDED_COMPLETE).is_file():

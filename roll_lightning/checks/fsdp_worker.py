@@ -4,11 +4,8 @@ full updated weights, and each rank its optimiser-step count to ``OUT.rank<r>``.
     python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--nodes M]
         [--backend gloo|nccl] [--accelerator cpu|gpu] [--rank1-rows K]
 
-Run as its own process (Lightning starts the other ranks by running this command again): by the GPU check
-(NCCL over every visible GPU) and by tests/training/test_fsdp.py (gloo, 2 CPU ranks), each comparing the result
-with one process trained on all the groups. ``--rank1-rows K`` gives rank 1 only its first K rows (ranks with
-different row counts). ``--nodes M``: the ranks span M nodes, and the command is started once per node with
-``NODE_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, as a cluster launcher does.
+Its own process, since Lightning starts the other ranks by rerunning the command. ``--rank1-rows K``: rank 1
+gets only K rows. ``--nodes M``: started once per node with ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from roll_lightning.training.module import AgentRLModule
 
 
 class RankShard(L.LightningDataModule):
-    """Rank r gets the rows of group r (each rank holds whole groups, as the rollout guarantees)."""
+    """Rank r gets the rows of group r (whole groups, as the rollout guarantees)."""
 
     def __init__(self, batch: RolloutBatch, rank1_rows: int | None = None) -> None:
         super().__init__()

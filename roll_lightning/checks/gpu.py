@@ -1,21 +1,6 @@
-"""What only a GPU can show, in one command: ``python bench/gpu_check.py`` (run it first on a new GPU machine).
+"""What only a GPU can show, in one command: ``python bench/gpu_check.py`` (the checks: docs/gpus.md).
 
-| check     | what it shows                                                                                   |
-|-----------|-------------------------------------------------------------------------------------------------|
-| cuda      | the GPUs torch sees, their bf16 support                                                         |
-| vllm      | vLLM on CUDA generates; sleep frees memory (`torch.cuda.mem_get_info`); after wake it generates   |
-|           | the same; after a weight sync its greedy tokens and log-probs equal the trainer's               |
-| fsdp2     | FSDP2 over NCCL on every visible GPU gives the update of one process trained on all the groups   |
-| bf16      | bf16 mixed precision trains: finite losses, the advantaged reply's probability rises             |
-| fit       | ``fit --config configs/sokoban.yaml --config configs/gpu.yaml`` with the tiny model runs 3 steps |
-| vision    | tiny-vl through vLLM with a picture: its greedy log-probs equal the trainer's, no placeholder sampled; |
-|           | then ``fit --config configs/sokoban_vl.yaml --config configs/gpu.yaml`` with tiny-vl, 2 steps     |
-| partial   | the same fit with ``data.colocate: partial`` on one rank and replicas on GPUs 0 and 1: the        |
-|           | replica on the training GPU sleeps for each update and frees memory there (needs 2 GPUs)         |
-
-Each check is a function returning one `Outcome`; tests/gpu/test_gpu.py runs them under the ``gpu`` pytest
-marker, and tests/checks/test_gpu_check.py runs the CPU-capable ones (FSDP2 over gloo, bf16 autocast) on a CPU, so
-their code is exercised without a GPU.
+Each check returns one `Outcome`; tests/checks/test_gpu_check.py runs the CPU-capable ones on a CPU.
 """
 
 from __future__ import annotations
@@ -121,7 +106,7 @@ def check_vllm(model_dir: Path, device: str = "cuda") -> Outcome:
 
 
 def check_fsdp2(model_dir: Path, ranks: int | None = None, backend: str = "nccl", accelerator: str = "gpu") -> Outcome:
-    """FSDP2 on ``ranks`` devices (rank r trains on group r of the handmade batch) vs one process on all groups."""
+    """FSDP2 on ``ranks`` devices (rank r trains group r) vs one process on all groups."""
     from roll_lightning.checks.handmade import FixedBatches, handmade_batch
     from roll_lightning.training import OptimConfig
     from roll_lightning.training.module import AgentRLModule
@@ -183,7 +168,7 @@ def check_bf16(model_dir: Path, accelerator: str = "gpu", steps: int = 3) -> Out
 
 
 def check_fit(steps: int = 3) -> Outcome:
-    """The main command with the GPU overlay and the tiny model, ``steps`` rollout steps, as a user runs it."""
+    """The main command with the GPU overlay and the tiny model, ``steps`` rollout steps."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable, "-m", "roll_lightning", "fit", "--config", "configs/sokoban.yaml", "--config",
@@ -200,7 +185,7 @@ def check_fit(steps: int = 3) -> Outcome:
 
 
 def check_vision(device: str = "cuda", steps: int = 2) -> Outcome:
-    """The picture path on the GPU: vLLM's multimodal input against the trainer's forward, then the VL fit."""
+    """vLLM's multimodal input against the trainer's forward, then the VL fit (2 steps)."""
     if importlib.util.find_spec("torchvision") is None:  # vLLM's Qwen2-VL processor imports it
         return Outcome("vision", "SKIP", "torchvision is not installed (vLLM's Qwen2-VL needs it)")
     from roll_lightning.models.resolve import resolve_model
@@ -225,7 +210,7 @@ def check_vision(device: str = "cuda", steps: int = 2) -> Outcome:
 
 
 async def _vision_gap(model_dir: Path, device: str) -> tuple[float, list[int]]:
-    """Greedy reply to a prompt holding one board picture: max |engine - trainer| log-prob, placeholders sampled."""
+    """Greedy reply to a board picture: max |engine - trainer| log-prob, placeholders sampled."""
     import io
 
     from PIL import Image
@@ -270,8 +255,7 @@ PARTIAL_DEVICES = '[train, "cuda:{local_rank + local_world_size}"]'
 
 
 def check_partial(steps: int = 3) -> Outcome:
-    """Partial overlap on one training GPU with a second generating GPU: the fit runs, and every shrink freed
-    memory on the training GPU (``rollout/shrink_released_gib`` > 0, read with `torch.cuda.mem_get_info`)."""
+    """Partial overlap with a second generating GPU: the fit runs and every shrink frees training-GPU memory."""
     if torch.cuda.device_count() < 2:
         return Outcome("partial", "SKIP", f"needs 2 GPUs, {torch.cuda.device_count()} visible")
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,7 +270,6 @@ def check_partial(steps: int = 3) -> Outcome:
 
 
 def partial_args(root: str, steps: int) -> list[str]:
-    """The `check_partial` fit's command line (after ``python -m roll_lightning``)."""
     return [
         "fit", "--config", "configs/sokoban.yaml", "--config", "configs/gpu.yaml", "--model.rollout_steps", str(steps),
         "--trainer.default_root_dir", root, "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", root,
@@ -298,7 +281,6 @@ def partial_args(root: str, steps: int) -> list[str]:
 
 
 def column(root: Path, name: str) -> list[float]:
-    """Every logged value of ``name`` in the run's metrics.csv files."""
     import csv
 
     values: list[float] = []

@@ -1,10 +1,7 @@
-"""A rollout batch built by hand from a chat model, for training checks that need known advantages (the tests,
-and `roll_lightning.checks.gpu` on a GPU); `FixedBatches` feeds it every step.
+"""A rollout batch built by hand from a chat model, for training checks that need known advantages.
 
-Groups of four one-turn episodes answer the same prompt: two reply ``<answer>Left</answer>`` (score 1), two
-``<answer>Right</answer>`` (score 0). Every group has the same token counts, so any split by group gives
-equal shares (what the 1-rank vs 2-rank comparison relies on). Behaviour log-probs are the model's own
-(teacher-forced), as an engine would have reported them at temperature 1.
+Every group has the same token counts, so any split by group gives equal shares (the 1- vs 2-rank comparison
+relies on it). Behaviour log-probs are the model's own, teacher-forced at temperature 1.
 """
 
 from __future__ import annotations
@@ -66,7 +63,7 @@ class Repeat(torch.utils.data.IterableDataset):
 
 
 class FixedBatches(L.LightningDataModule):
-    """Feeds the same rollout batch every step: for training checks where the rollout is not under test."""
+    """The same rollout batch every step, for checks where the rollout is not under test."""
 
     def __init__(self, batch: RolloutBatch) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """The trainer-side env client: `EnvPool` over many env servers, `EnvSession` per episode runner.
 
-No torch here: the client is usable from any asyncio program (and from `python -m roll_lightning.env_client play`).
+No torch here: the client is usable from any asyncio program.
 """
 
 from roll_lightning.env_client.client import EnvClient

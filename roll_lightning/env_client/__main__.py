@@ -1,9 +1,6 @@
 """`python -m roll_lightning.env_client play sokoban --episodes 32`: random-agent episodes through the real client.
 
-The quickest end-to-end check of an env deployment: it starts local env servers (or connects to
-``--endpoints host:port ...``), runs episodes concurrently through `EnvPool` with a random agent that answers
-in the env's format (a share of deliberately invalid replies exercises the format penalty), and prints
-per-episode lines plus a summary. Exit code 0 when every episode finished, 1 if any failed.
+The quickest end-to-end check of an env deployment. Exit code 0 when every episode finished, 1 if any failed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Batching: concurrent Reset/Step calls bound for one endpoint travel together in one BatchReset/BatchStep RPC.
+"""Concurrent Reset/Step calls bound for one endpoint travel together in one BatchReset/BatchStep RPC.
 
-One `Batcher` per endpoint, with a queue and a flusher per kind. The flusher sends what is queued as soon as it
-may, with at most ``max_inflight`` batches out at once; what arrives while earlier batches are out joins the
-next one (adaptive, no timer), so 64 episodes cost one RPC per turn, not 64.
-
-Every caller gets an answer: its item's result or error, ``DEADLINE_EXCEEDED`` from its own timer, the batch's
-failure, or (through ``waiting``, which the pool fails when it ejects the endpoint) the ejection. A call whose
-caller gave up is never sent.
+Adaptive, no timer: with at most ``max_inflight`` batches out, what arrives meanwhile joins the next one, so 64
+episodes cost one RPC per turn. Every caller gets an answer (never a hang); a call its caller gave up is not sent.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from roll_lightning.env_client.client import EnvClient
 from roll_lightning.env_client.errors import EpisodeFailed
 
 Kind = Literal["reset", "step"]
-Pending = tuple[Any, "asyncio.Future[Any]", float]  # the request, its caller's future, its absolute deadline
+Pending = tuple[Any, "asyncio.Future[Any]", float]  # request, caller's future, absolute deadline
 Send = Callable[[list[Any], float], Awaitable[list[Any]]]
 
 
@@ -29,7 +24,7 @@ class Batcher:
     def __init__(
         self, client: EnvClient, address: str, waiting: set[asyncio.Future[Any]], *, max_batch: int, max_inflight: int
     ) -> None:
-        """``waiting``: the endpoint's set of futures that an ejection fails at once (shared with the pool)."""
+        """``waiting``: the endpoint's futures that an ejection fails at once (shared with the pool)."""
         self.client, self.address, self.waiting = client, address, waiting
         self.max_batch, self.max_inflight = max_batch, max_inflight
         self.queues: dict[Kind, list[Pending]] = {"reset": [], "step": []}
@@ -38,10 +33,7 @@ class Batcher:
         self.items = 0  # calls they carried
 
     async def call(self, kind: Kind, request: Any, timeout: float) -> Any:
-        """Queue one call for the next ``kind`` batch and wait for its item's result.
-
-        The hot path: one plain future per call, no extra Task. The future sits in the queue (for the flusher)
-        and in ``waiting`` (so an ejection fails it at once); a timer enforces the deadline."""
+        """Queue one call for the next ``kind`` batch and wait for its result (hot path: no extra Task)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         deadline = loop.time() + timeout
@@ -55,19 +47,19 @@ class Batcher:
             timer.cancel()
             self.waiting.discard(fut)
             if not fut.done():
-                fut.cancel()  # the flusher skips it: a call the caller gave up on is never sent
+                fut.cancel()  # the flusher skips it
 
     async def flush_forever(self, kind: Kind) -> None:
-        """Send ``kind``'s queue in batches until cancelled (one task per kind and endpoint)."""
+        """Send ``kind``'s queue in batches until cancelled."""
         inflight = asyncio.Semaphore(self.max_inflight)
         queue, wakeup = self.queues[kind], self.wakeups[kind]
-        # batch_mixed sends a steps-only batch as a plain BatchStep, and resends resets an older server ignored.
+        # batch_mixed also resends resets an older server ignored
         send: Send = self.client.batch_reset if kind == "reset" else self.client.batch_mixed
         sending: list[asyncio.Task[None]] = []
         try:
             while True:
                 await wakeup.wait()
-                await inflight.acquire()  # while earlier batches are out, new calls pile up and join the next one
+                await inflight.acquire()  # meanwhile new calls pile up for the next batch
                 await asyncio.sleep(0)
                 batch = [item for item in queue[: self.max_batch] if not item[1].done()]  # done = caller gave up
                 del queue[: self.max_batch]
@@ -81,7 +73,7 @@ class Batcher:
                 timeout = max(0.001, min(deadline for _, _, deadline in batch) - asyncio.get_running_loop().time())
                 sending = [t for t in sending if not t.done()]
                 sending.append(asyncio.create_task(_send_batch(send, batch, timeout, inflight)))
-        finally:  # closing: batches still out are cancelled, and their callers told so
+        finally:  # batches still out are cancelled, their callers told so
             for task in sending:
                 task.cancel()
             await asyncio.gather(*sending, return_exceptions=True)
@@ -93,7 +85,7 @@ async def _send_batch(send: Send, batch: list[Pending], timeout: float, inflight
         for (_, fut, _), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
-    except BaseException as err:  # every caller gets an answer, whatever went wrong (never a hang)
+    except BaseException as err:  # every caller gets an answer
         for req, fut, _ in batch:
             if fut.done():
                 continue

@@ -1,11 +1,7 @@
-"""`EnvClient`: one env server endpoint, over grpc.aio, with deadlines on every call.
+"""`EnvClient`: one env server endpoint, over grpc.aio, with a deadline on every call.
 
-Every call has a deadline. Calls that carry a request_id (CreateSession, Reset, Step and their batches) are
-retried on UNAVAILABLE with backoff until that deadline, with the same request_id, so the server replays rather
-than repeats them; everything else fails at once. Failures surface as `EpisodeFailed`, never as a hang.
-
-Three transports for Reset/Step, chosen per call by the caller (`EnvPool` batches by default):
-unary (`reset`/`step`), batched (`batch_reset`/`batch_step`) and one multiplexed bidi stream (`stream_call`).
+Calls with a request_id are retried on UNAVAILABLE until the deadline with the same id, so the server replays
+rather than repeats them; others fail at once. Failures surface as `EpisodeFailed`, never as a hang.
 """
 
 from __future__ import annotations
@@ -74,7 +70,6 @@ class EnvClient:
         return EpisodeFailed(err.code(), err.details() or "", endpoint=self.address, session_id=session_id)
 
     async def _retrying(self, attempt: Callable[[float], Awaitable[T]], timeout: float, session_id: str = "") -> T:
-        """Run ``attempt(remaining_seconds)`` until it succeeds, fails for good, or the deadline passes."""
         deadline = time.monotonic() + timeout
         backoff = 0.05
         first = True
@@ -92,7 +87,7 @@ class EnvClient:
             except grpc.aio.AioRpcError as err:
                 if err.code() not in RETRIED_CODES or (err.details() or "").startswith("draining"):
                     raise self._failed(err, session_id) from err  # a draining server will not take it later
-                if first:  # calls that needed a retry, however many tries each took
+                if first:  # calls that needed a retry, not tries
                     self.retried_calls, first = self.retried_calls + 1, False
                 await asyncio.sleep(min(backoff * (0.5 + random.random()), max(0.0, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 1.0)
@@ -106,7 +101,6 @@ class EnvClient:
     # -- calls ---------------------------------------------------------------------------------------
 
     async def health(self, timeout: float = 2.0) -> int:
-        """The grpc.health.v1 status of the env service (raises `EpisodeFailed` when unreachable)."""
         reply = await self._once(self.health_stub.Check, health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout)
         return reply.status
 
@@ -153,8 +147,8 @@ class EnvClient:
     async def batch_mixed(
         self, items: Sequence[pb.StepRequest | pb.ResetRequest], timeout: float
     ) -> list[pb.StepResult | pb.ResetResult]:
-        """Steps and resets in one BatchStep call (servers with the "batch-mixed" capability); results in the order
-        of ``items``. Resets an older server ignored (it answers none) are sent again as a BatchReset."""
+        """Steps and resets in one BatchStep call ("batch-mixed"), results in order; resets an older server
+        ignored are sent again as a BatchReset."""
         resets = [r for r in items if type(r) is pb.ResetRequest]
         if not resets:
             return await self.batch_step(items, timeout)  # type: ignore[arg-type]
@@ -169,7 +163,6 @@ class EnvClient:
         return [next(step_iter) if type(r) is pb.StepRequest else next(reset_iter) for r in items]
 
     async def stream_call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
-        """Send one Reset/Step over this endpoint's shared bidi stream; returns the item result."""
 
         async def attempt(remaining: float) -> Any:
             if self._stream is None or self._stream.broken:
@@ -201,7 +194,7 @@ class _StreamMux:
                 if fut is None or fut.done():
                     continue
                 kind = response.WhichOneof("result")
-                if kind is None:  # a malformed answer fails its own call, not the stream (env.proto, "Stream")
+                if kind is None:  # fails its own call, not the stream
                     fut.set_exception(_rpc_error(grpc.StatusCode.INTERNAL, "a stream answer without a result"))
                 else:
                     fut.set_result(getattr(response, kind))
@@ -210,7 +203,7 @@ class _StreamMux:
             error = err
         except asyncio.CancelledError:
             error = _rpc_error(grpc.StatusCode.CANCELLED, "stream closed")
-        except Exception as err:  # whatever breaks the reader breaks the stream: later calls open a new one
+        except Exception as err:  # later calls open a new stream
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"stream reader failed: {err!r}")
         self.broken = True
         for fut in self._pending.values():

@@ -1,8 +1,7 @@
 """Launch env servers as child processes on this machine (`EnvPool(endpoints="local")`).
 
-Each child runs `python -m env_servers serve ... --port 0` and announces its address on one JSON line. The
-children get SIGTERM when the launcher exits (even by a crash: Linux's parent-death signal, which each server
-arms itself when given ``--parent-pid``), so a dead trainer never leaves servers behind.
+A child gets SIGTERM when the launcher exits, even by a crash (the parent-death signal it arms given
+``--parent-pid``), so a dead trainer never leaves servers behind.
 """
 
 from __future__ import annotations
@@ -24,14 +23,14 @@ class LocalServer:
     process: subprocess.Popen[str]
     address: str
     server_id: str
-    log_path: str  # the server's stderr (its log), kept in a file so a chatty server never blocks on a pipe
+    log_path: str  # stderr goes to a file: a chatty server never blocks on a pipe
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM (graceful drain), then SIGKILL after ``timeout``; returns the exit code."""
+        """SIGTERM (graceful drain), then SIGKILL after ``timeout``; the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -53,10 +52,9 @@ def launch_local_server(
     ready_timeout_s: float = 60.0,
     prefix: Sequence[str] = (),
 ) -> LocalServer:
-    """Start one server process and wait for its ready line; raises RuntimeError with its log on failure.
+    """Start one server and wait for its ready line (RuntimeError with its log on failure).
 
-    ``prefix`` runs the server under another command that execs it, e.g. ``["ip", "netns", "exec", "host1"]``.
-    """
+    ``prefix``: a command that execs the server, e.g. ``["ip", "netns", "exec", "host1"]``."""
     if not env_ids:
         raise ValueError("env_ids: name at least one env for the local server to serve")
     serve = [sys.executable, "-m", "env_servers", "serve", *env_ids, "--host", host, "--port", str(port)]

@@ -1,27 +1,8 @@
 """`EnvPool`: many env server endpoints behind one async API, for the rollout.
 
-    async with EnvPool(["10.0.0.2:50051", "10.0.0.3:50051"]) as pool:    # or EnvPool("local", local_envs=[...])
-        session = await pool.open("sokoban", {"dim_room": [6, 6]})
-        first = await session.reset(seed=17)
-        result = await session.step("<answer>Left</answer>")
-
-What it owns:
-- placement: a new session goes to the healthy endpoint with the most free capacity (the server's reported
-  `max_sessions - active_sessions`, minus what this pool placed since); sessions are sticky to their endpoint;
-- health: each endpoint is checked every `health_interval_s` (grpc.health.v1, short deadline); after
-  `eject_after` failures in a row it is ejected: no new sessions, and calls waiting on it fail at once with
-  `EpisodeFailed` instead of running out their deadline; it is readmitted when it answers SERVING again;
-- drains: an endpoint that reports draining (health NOT_SERVING, `ServerInfo.draining`, or a refusal whose
-  message starts "draining") gets no new sessions or episodes, and such a refusal is not retried there; it is
-  not ejected, because its episodes in progress keep stepping until they end (env.proto, "Draining"); once it
-  stops answering, the health checks eject it;
-- transports: a server's advertised capabilities decide; one without "batch"/"stream" gets unary calls;
-- outages: when no endpoint is healthy, `open` waits for one to come back (up to `outage_timeout_s` from the
-  moment the last one went down) instead of failing at once, then raises `EnvOutage` naming the endpoints;
-- batching: concurrent steps (and resets) bound for one endpoint travel in one BatchStep call (adaptive: what
-  arrives while earlier batches are in flight joins the next), so 64 episodes cost one RPC per turn, not 64
-  (`batching.Batcher`, one per endpoint);
-- deadlines on every call, retries only for idempotent calls (same request_id, the server replays).
+Sessions go to the healthy endpoint with the most free capacity and stay there; failing endpoints are ejected
+(waiting calls fail at once) and readmitted when SERVING again. A draining endpoint gets no new work but is not
+ejected: its episodes in progress keep stepping (env.proto, "Draining"). Usage: docs/envs.md.
 """
 
 from __future__ import annotations
@@ -59,19 +40,19 @@ Transport = Literal["batch", "stream", "unary"]
 class Endpoint:
     address: str
     client: EnvClient
-    batcher: Batcher  # the "batch" transport's queues and flushers
+    batcher: Batcher
     capacity: int = 0
     active: int = 0  # as last reported by the server, plus sessions placed since
     creating: int = 0  # CreateSession calls in flight (not yet in the server's count)
     accepting: bool = False  # health SERVING and not draining
-    mixed: bool = False  # the server takes resets inside BatchStep ("batch-mixed"): one queue, one RPC per batch
-    capabilities: frozenset[str] = frozenset()  # the optional protocol parts the server advertises (env.proto)
+    mixed: bool = False  # resets travel inside BatchStep ("batch-mixed")
+    capabilities: frozenset[str] = frozenset()
     warned_transport: bool = False
-    tls_probed: bool = False  # whether `EnvPool._check_tls` has reached it (once is enough)
-    env_ids: frozenset[str] = frozenset()  # what the server serves (its ServerInfo); empty until it answers
+    tls_probed: bool = False
+    env_ids: frozenset[str] = frozenset()  # empty until it answers
     ejected: bool = False
     failures: int = 0
-    last_error: str = ""  # what the endpoint last answered a failed health check with (for outage messages)
+    last_error: str = ""  # of the last failed health check
     waiting: set[asyncio.Future[Any]] = field(default_factory=set)  # calls an ejection fails at once
 
     @property
@@ -104,17 +85,13 @@ class EnvPool:
     ) -> None:
         """
         Args:
-            endpoints: ``"local"`` (spawn `local_servers` server processes for `local_envs`) or ``host:port`` list.
-            transport: how Reset/Step travel: ``batch`` (default; concurrent calls share one RPC), ``stream``
-                (one multiplexed bidi stream per endpoint) or ``unary`` (one RPC per call).
-            call_timeout_s: deadline of a Step (and of session creation); reset_timeout_s: of a Reset.
+            endpoints: ``"local"`` (spawn `local_servers` servers for `local_envs`) or ``host:port`` list.
+            transport: ``batch`` (calls share one RPC), ``stream`` (one bidi stream) or ``unary``.
+            call_timeout_s: deadline of a Step or CreateSession; reset_timeout_s: of a Reset.
             eject_after: failed health checks in a row before an endpoint is ejected.
-            start_timeout_s: how long `start` waits for a first endpoint to be SERVING (servers may still be loading).
-            outage_timeout_s: once every endpoint is down, how long `open` waits for one to come back before it
-                raises `EnvOutage` (0 = raise at once). A restarted or briefly frozen server costs a wait, not the run.
-            mixed_batches: send resets inside BatchStep to servers that support it ("batch-mixed"): one RPC per turn
-                and less CPU per step, which helps lockstep collectors; free-running episodes lose the overlap that
-                separate step and reset RPCs give (docs/benchmarks.md §1), hence off by default.
+            start_timeout_s: how long `start` waits for a first SERVING endpoint.
+            outage_timeout_s: how long `open` waits once every endpoint is down (0 = raise `EnvOutage` at once).
+            mixed_batches: resets inside BatchStep; off by default: costs free-running overlap (docs/benchmarks.md).
         """
         if isinstance(endpoints, str) and endpoints != "local":
             endpoints = [endpoints]
@@ -140,8 +117,8 @@ class EnvPool:
         self.max_batch, self.max_inflight_batches = max_batch, max_inflight_batches
         self.mixed_batches = mixed_batches
         self.outage_timeout_s = outage_timeout_s
-        self._available = asyncio.Event()  # some endpoint can take sessions (set/cleared after each health check)
-        self._down_since: float | None = None  # loop time the last healthy endpoint went down
+        self._available = asyncio.Event()  # some endpoint can take sessions
+        self._down_since: float | None = None  # loop time
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -174,10 +151,10 @@ class EnvPool:
             addresses = list(self._addresses)
         self.endpoints = [self._endpoint(a) for a in addresses]
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
-        while True:  # servers may still be starting or loading (NOT_SERVING): wait for the first one
+        while True:  # servers may still be loading (NOT_SERVING)
             checks = await asyncio.gather(*(self._check(ep) for ep in self.endpoints), return_exceptions=True)
             if failed := next((c for c in checks if isinstance(c, BaseException)), None):
-                await self.close()  # e.g. EndpointRefused: a wrong token does not fix itself, so say so now
+                await self.close()  # e.g. EndpointRefused: a wrong token does not fix itself
                 raise failed
             if any(ep.accepting for ep in self.endpoints):
                 break
@@ -237,7 +214,7 @@ class EnvPool:
                 self.stats["readmissions"] += 1
             ep.failures = 0
         except EpisodeFailed as err:
-            if err.code in REFUSED and not self._tasks:  # still in `start`: credentials are a config error
+            if err.code in REFUSED and not self._tasks:  # in `start`: a config error
                 raise EndpointRefused(err.code, err.detail, endpoint=ep.address) from err
             if err.code == grpc.StatusCode.UNAVAILABLE and not self._tasks and not ep.tls_probed:
                 await self._check_tls(ep)
@@ -246,15 +223,14 @@ class EnvPool:
             ep.last_error = str(err)
             if ep.failures >= self.eject_after and not ep.ejected:
                 self._eject(ep, err)
-        if self._tasks:  # running (not still in `start`)
+        if self._tasks:  # past `start`
             self._note_availability()
 
     async def _check_tls(self, ep: Endpoint) -> None:
-        """In `start`, an unreachable endpoint that answers a TLS handshake when this client is plaintext (or does
-        not when it uses TLS) is a config error: raise it now. Probed once the endpoint is reached at all."""
+        """In `start`, raise if an unreachable endpoint disagrees with this client about TLS (a config error)."""
         tls = await speaks_tls(ep.address)
         if tls is None:
-            return  # not reachable (yet): ask again at the next check
+            return  # not reachable yet: ask again at the next check
         ep.tls_probed = True
         client_tls = self._client_kwargs["tls_root_cert"] is not None
         if tls != client_tls:
@@ -272,20 +248,17 @@ class EnvPool:
             )
 
     def _stop_placing(self, ep: Endpoint) -> None:
-        """``ep`` said it is draining: no new sessions or episodes there until a health check says otherwise."""
+        """``ep`` is draining: no new work there until a health check says otherwise."""
         ep.accepting = False
         if self._tasks:
             self._note_availability()
 
     @property
     def in_outage(self) -> bool:
-        """True while no endpoint is healthy (new sessions wait in `open`)."""
         return not self.healthy_endpoints()
 
     async def wait_available(self, env_id: str | None = None) -> None:
-        """Return once some endpoint (serving ``env_id``, when given) is healthy; raise `EnvOutage` when the
-        outage outlasts `outage_timeout_s` (counted from when the last endpoint went down, or from this call
-        when only ``env_id``'s endpoints are down)."""
+        """Return once an endpoint (serving ``env_id``) is healthy; raise `EnvOutage` after `outage_timeout_s`."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         while not self.healthy_endpoints(env_id):
@@ -293,7 +266,7 @@ class EnvPool:
             left = since + self.outage_timeout_s - loop.time()
             if left <= 0:
                 raise EnvOutage(self._outage_message(loop.time() - since))
-            if self.healthy_endpoints():  # only this env's endpoints are down: poll at the health checks' pace
+            if self.healthy_endpoints():  # only this env's endpoints are down: poll
                 await asyncio.sleep(min(left, self.health_interval_s))
                 continue
             try:
@@ -329,19 +302,17 @@ class EnvPool:
             await self._check(ep)
 
     def healthy_endpoints(self, env_id: str | None = None) -> list[str]:
-        """Endpoints taking new sessions (only those serving ``env_id``, when given)."""
         return [ep.address for ep in self.endpoints if ep.accepting and not ep.ejected and _serves(ep, env_id)]
 
     def served(self) -> dict[str, list[str]]:
-        """The env ids each endpoint serves, as last reported (empty for one that has not answered)."""
         return {ep.address: sorted(ep.env_ids) for ep in self.endpoints}
 
     def _nobody_serves(self, env_id: str) -> bool:
-        """Every endpoint has reported the env ids it serves and none lists ``env_id``: waiting cannot help."""
+        """No endpoint serves ``env_id``, so waiting cannot help."""
         return all(ep.env_ids for ep in self.endpoints) and not any(env_id in ep.env_ids for ep in self.endpoints)
 
     async def wait_serving(self, env_id: str) -> bool:
-        """Wait (up to ``start_timeout_s``) for a healthy endpoint that serves ``env_id``; False if none comes."""
+        """Wait up to ``start_timeout_s`` for a healthy endpoint serving ``env_id``; False if none comes."""
         deadline = asyncio.get_running_loop().time() + self.start_timeout_s
         while not self.healthy_endpoints(env_id):
             answered = all(ep.env_ids or ep.ejected for ep in self.endpoints)
@@ -351,12 +322,11 @@ class EnvPool:
         return True
 
     async def open(self, env_id: str, config: dict[str, Any] | None = None, *, tag: str = "") -> EnvSession:
-        """Create a session for ``env_id`` on the endpoint with the most free capacity."""
         request = pb.CreateSessionRequest(env_id=env_id, request_id=new_request_id(), client_tag=tag)
         if config:
             request.config.update(config)
         tried: list[str] = []
-        last = ""  # what the last endpoint tried answered
+        last = ""
         while True:
             candidates = [
                 ep for ep in self.endpoints if ep.accepting and not ep.ejected and ep.free > 0 and _serves(ep, env_id)
@@ -368,7 +338,7 @@ class EnvPool:
                     f"no env endpoint serves env id '{env_id}' (served: {_served_text(self.served())})",
                 )
             if not candidates and not tried and not self.healthy_endpoints(env_id):
-                await self.wait_available(env_id)  # an outage: wait for an endpoint to come back (bounded)
+                await self.wait_available(env_id)  # an outage
                 continue
             if not candidates:
                 raise NoEndpointAvailable(
@@ -424,20 +394,18 @@ class EnvPool:
     # -- transports ----------------------------------------------------------------------------------
 
     async def call(self, ep: Endpoint, kind: Kind, request: Any, timeout: float) -> Any:
-        """Send one Reset/Step to ``ep`` by the pool's transport; returns the OK item result or raises (each
-        failure is counted in ``stats["failed_calls"]``, each reset in ``stats["resets"]``)."""
+        """Send one Reset/Step to ``ep``; return the OK item result or raise `EpisodeFailed`."""
         self.stats["resets"] += kind == "reset"
         try:
             return await self._call(ep, kind, request, timeout)
         except EpisodeFailed as err:
             self.stats["failed_calls"] += 1
-            if err.draining:  # no new episodes there; its episodes in progress keep stepping
+            if err.draining:
                 self._stop_placing(ep)
             raise
 
     def counters(self) -> dict[str, int]:
-        """Running totals since the pool started (logged as ``env/<name>_total``): resets, failed and retried
-        calls, endpoint ejections and readmissions, batched calls and the items they carried."""
+        """Running totals since the pool started (logged as ``env/<name>_total``)."""
         return {
             **self.stats,
             "retried_calls": sum(ep.client.retried_calls for ep in self.endpoints),
@@ -454,7 +422,7 @@ class EnvPool:
                 session_id=request.session_id,
             )
         transport = self.transport if self.transport in ep.capabilities else "unary"
-        if transport == "batch":  # a batch-mixed server takes resets in the steps' BatchStep
+        if transport == "batch":
             result = await ep.batcher.call("step" if ep.mixed else kind, request, timeout)
         elif transport == "stream":
             result = await self._await(ep, ep.client.stream_call(request, timeout))
@@ -472,7 +440,7 @@ class EnvPool:
 
 
 def _serves(ep: Endpoint, env_id: str | None) -> bool:
-    """``ep`` serves ``env_id`` (any env when not given, or when the server lists none)."""
+    """``ep`` serves ``env_id``; one that lists no env ids serves any."""
     return env_id is None or not ep.env_ids or env_id in ep.env_ids
 
 

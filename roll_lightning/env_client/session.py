@@ -1,11 +1,7 @@
 """`EnvSession`: one env session on one endpoint, as the rollout sees it.
 
-It keeps the protocol bookkeeping out of the caller's way: the current episode id, the next step index, and a
-fresh request id per call (reused for retries inside the client, so a retried Step is replayed, not repeated).
-An observation may carry images (env.proto, "Images"): each stands where the text holds an "<image>" marker, and
-an answer whose marker count is not its image count is refused (`ProtocolViolation`). A tool env's spec lists
-tools (`EnvSession.tools`, `tools_of`); a step may carry tool calls, and an answer without exactly one result per
-call, with its id, in call order, is refused the same way (env.proto, "Tools").
+It keeps the protocol bookkeeping (episode id, step index, request ids) out of the caller's way and refuses
+answers that break env.proto's rules on echoes, images and tool results (`ProtocolViolation`).
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ if TYPE_CHECKING:
     from roll_lightning.env_client.pool import Endpoint, EnvPool
 
 
-IMAGE_MARKER = "<image>"  # where an image stands in an observation's text (env.proto)
+IMAGE_MARKER = "<image>"  # where an image stands in an observation's text
 
 
 def new_request_id() -> str:
@@ -46,7 +42,7 @@ def new_request_id() -> str:
 
 @dataclass(frozen=True)
 class ObservationImage:
-    """One picture of an observation: encoded bytes and their media type ("image/png" or "image/jpeg")."""
+    """Encoded bytes and their media type ("image/png" or "image/jpeg")."""
 
     data: bytes
     media_type: str
@@ -70,13 +66,13 @@ class StepOutcome:
     action_valid: bool
     metrics: dict[str, float] = field(default_factory=dict)
     env_seconds: float = 0.0
-    raw_info: Any = field(default=None, repr=False)  # the protobuf Struct; `info` converts it on first use
-    images: tuple[ObservationImage, ...] = ()  # one per IMAGE_MARKER in `observation`, in order
-    tool_results: tuple[ClientToolResult, ...] = ()  # one per tool call of the step, in call order
+    raw_info: Any = field(default=None, repr=False)  # protobuf Struct, converted lazily by `info`
+    images: tuple[ObservationImage, ...] = ()
+    tool_results: tuple[ClientToolResult, ...] = ()  # one per tool call, in call order
 
     @functools.cached_property
     def info(self) -> dict[str, Any]:
-        """The env's info dict (JSON types: numbers arrive as floats)."""
+        """The env's info dict (numbers arrive as floats)."""
         return json_format.MessageToDict(self.raw_info) if self.raw_info is not None else {}
 
     @property
@@ -95,8 +91,7 @@ class EnvSession:
         self.episode_id = ""
         self.step_index = 0
         self.closed = False
-        # Request ids need only be unique within a session (the server keys replay by session); a counter is
-        # cheaper than a uuid on the hot path, and retries inside the client reuse the same request.
+        # unique per session is enough (the server keys replay by session); cheaper than a uuid
         self._request_ids = map(str, itertools.count(1))
 
     @property
@@ -125,15 +120,14 @@ class EnvSession:
 
     @functools.cached_property
     def tools(self) -> tuple[ClientTool, ...]:
-        """The env's tools (empty for a text env); `tools_of(session.spec)` gives them as OpenAI-style dicts."""
+        """The env's tools (empty for a text env)."""
         try:
             return tools_in(self.spec)
         except ValueError as exc:
             raise ProtocolViolation(str(exc), endpoint=self.address, session_id=self.session_id) from None
 
     async def step(self, action: str, tool_calls: Sequence[ClientToolCall] = ()) -> StepOutcome:
-        """Send the agent's reply (its text, and the tool calls parsed from it) as the next action of the current
-        episode; the outcome's ``tool_results`` answer the calls, in order."""
+        """Send the agent's reply (text and parsed tool calls) as the episode's next action."""
         self._check_open()
         if not self.episode_id:
             raise EpisodeFailed(
@@ -148,7 +142,7 @@ class EnvSession:
             step_index=self.step_index,
             request_id=next(self._request_ids),
         )
-        request.action.text = action  # cheaper than building an Action message and copying it in
+        request.action.text = action  # cheaper than copying in an Action message
         if tool_calls:
             fill_calls(request.action, tool_calls)
         result = await self.pool.call(self.endpoint, "step", request, self.pool.call_timeout_s)
@@ -172,7 +166,7 @@ class EnvSession:
         )
 
     async def close(self) -> None:
-        """Close the server-side session; best effort (an unreachable server reaps it after its TTL)."""
+        """Close the server-side session, best effort (the server reaps it after its TTL)."""
         if self.closed:
             return
         self.closed = True
@@ -185,13 +179,11 @@ class EnvSession:
             pass
 
     def _check_echo(self, field: str, expected: object, got: object) -> None:
-        """Trust nothing: an answer must be about the session, episode, step and seed that were asked for."""
         if got != expected:
             raise EchoMismatch(field, expected, got, endpoint=self.address, session_id=self.session_id)
 
     def _images(self, result: pb.ResetResult | pb.StepResult) -> tuple[ObservationImage, ...]:
-        """The answer's images, after checking one "<image>" marker per image (a text-only answer costs one
-        substring search)."""
+        """The answer's images, after checking one "<image>" marker per image."""
         images = result.images
         if not images and IMAGE_MARKER not in result.observation:
             return ()

@@ -1,5 +1,5 @@
-"""`speaks_tls`: whether the server at an address answers a TLS handshake, to tell a plaintext client talking to
-a TLS server (or the reverse) in one message instead of a timeout. gRPC reports either as UNAVAILABLE."""
+"""`speaks_tls`: whether a server answers a TLS handshake, to report a TLS mismatch that gRPC reports as
+UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import ssl
 
 
 async def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
-    """True: the server completed a TLS handshake (its certificate is not checked here); False: it answered, but
-    not with TLS; None: it could not be reached (down, still starting, a timeout)."""
+    """True: a TLS handshake (certificate unchecked); False: an answer, not TLS; None: unreachable."""
     host, _, port = address.rpartition(":")
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -21,7 +20,7 @@ async def speaks_tls(address: str, timeout_s: float = 2.0) -> bool | None:
             timeout_s,
         )
     except ssl.SSLError:
-        return False  # connected, and the bytes that came back were not a TLS handshake
+        return False
     except (OSError, TimeoutError, ValueError):
         return None
     writer.close()

@@ -1,8 +1,4 @@
-"""Tool calls on the client's side (env.proto, "Tools"): the env's tools, the calls a reply makes, their results.
-
-`tools_of(spec)` gives the tools as OpenAI-style dicts, the form `tokenizer.apply_chat_template(tools=...)`
-takes. `check_results` holds a server to the rule: one result per call, with its id, in call order.
-"""
+"""Tool calls on the client's side (env.proto, "Tools"): the env's tools, a reply's calls, their results."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from roll_lightning.protocol.v1 import env_pb2 as pb
 
 @dataclass(frozen=True)
 class ClientTool:
-    """A tool the env offers: its name, what it does, and its arguments' JSON Schema (a dict)."""
+    """``parameters``: the arguments' JSON Schema."""
 
     name: str
     description: str
@@ -24,7 +20,6 @@ class ClientTool:
 
     @classmethod
     def from_proto(cls, tool: pb.Tool) -> ClientTool:
-        """Raises ValueError when the schema is not a JSON object."""
         parameters = json.loads(tool.parameters_json) if tool.parameters_json else {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
             raise ValueError(f"tool '{tool.name}': parameters_json is not a JSON object")
@@ -39,8 +34,7 @@ class ClientTool:
 
 @dataclass(frozen=True)
 class ClientToolCall:
-    """One call a reply makes: ``id`` (unique within the step, chosen here), the tool's name, and the arguments as
-    the JSON text the model wrote (the server judges it)."""
+    """``id``: unique within the step; ``arguments``: the model's JSON text, which the server judges."""
 
     id: str
     name: str
@@ -49,7 +43,7 @@ class ClientToolCall:
 
 @dataclass(frozen=True)
 class ClientToolResult:
-    """What one call returned, under its call's id (``is_error``: a bad call, or the tool's own failure)."""
+    """``is_error``: a bad call, or the tool's own failure."""
 
     call_id: str
     name: str
@@ -58,12 +52,12 @@ class ClientToolResult:
 
 
 def tools_in(spec: pb.EnvSpec) -> tuple[ClientTool, ...]:
-    """The spec's tools (empty for a text env); ValueError for a schema that is not a JSON object."""
+    """ValueError for a schema that is not a JSON object."""
     return tuple(ClientTool.from_proto(tool) for tool in spec.tools)
 
 
 def tools_of(spec: pb.EnvSpec | Iterable[ClientTool]) -> list[dict[str, Any]]:
-    """The tools as ``{"type": "function", "function": {name, description, parameters}}`` dicts (empty: none)."""
+    """The tools as OpenAI-style dicts, for ``apply_chat_template(tools=...)``."""
     tools = tools_in(spec) if isinstance(spec, pb.EnvSpec) else tuple(spec)
     return [tool.as_openai() for tool in tools]
 
@@ -73,7 +67,7 @@ def fill_calls(action: pb.Action, calls: Sequence[ClientToolCall]) -> None:
 
 
 def check_results(calls: Sequence[ClientToolCall], results: Sequence[pb.ToolResult]) -> str | None:
-    """How the answer's results break the rule (one per call, with its id, in call order), or None."""
+    """How the results break the rule (one per call, with its id, in call order), or None."""
     if len(results) != len(calls):
         return f"the step made {len(calls)} tool calls but the answer carries {len(results)} tool results"
     for i, (call, result) in enumerate(zip(calls, results, strict=True)):

@@ -95,7 +95,7 @@ DESCRIPTION = (
 )
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None, typed=True)  # typed: true is not 1
 def run_seed(seed_everything: bool | int | None) -> int:
     """The seed of a run's parts: ``seed_everything``'s number, one random draw for ``true``, 0 for ``false``."""
     if seed_everything is True:

@@ -10,6 +10,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -21,6 +22,7 @@ from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.datamodule import rollout_of
+from roll_lightning.settings import check
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.estimate import estimate_advantages
@@ -64,14 +66,16 @@ class AgentRLModule(L.LightningModule):
         self.micro_batcher: MicroBatching = algorithm.micro_batcher
         self.optim = optim
         self.compute_dtype = dtype
-        if rollout_steps is not None and rollout_steps < 1:  # 0 or -1 would train one step and exit 0
-            raise TrainingConfigError(
-                f"model.rollout_steps must be >= 1, or null (trainer.max_steps decides), got {rollout_steps}"
-            )
-        if dtype not in ("float32", "bfloat16"):
-            raise TrainingConfigError(f"model.dtype must be float32 or bfloat16, got {dtype!r}")
-        if sync_bucket_bytes < 1:
-            raise TrainingConfigError(f"model.sync_bucket_bytes must be >= 1, got {sync_bucket_bytes}")
+        given = SimpleNamespace(rollout_steps=rollout_steps, dtype=dtype, sync_bucket_bytes=sync_bucket_bytes)
+        rules = {  # rollout_steps 0 or -1 would train one step and exit 0
+            "rollout_steps": (
+                rollout_steps is None or rollout_steps >= 1,
+                ">= 1, or null (trainer.max_steps decides)",
+            ),
+            "dtype": (dtype in ("float32", "bfloat16"), "float32 or bfloat16"),
+            "sync_bucket_bytes": (sync_bucket_bytes >= 1, ">= 1"),
+        }
+        check("model", given, rules, TrainingConfigError)
         self.rollout_steps_limit = rollout_steps
         self.seed = seed
         self.lora = lora

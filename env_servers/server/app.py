@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from env_servers.server.guards import SERVICE_NAME, DecodeGuard, TokenInterceptor, receive_limit, token_problem
 from env_servers.server.service import EnvService
-from env_servers.server.sessions import SessionTable
+from env_servers.server.sessions import SessionTable, close_env
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 log = logging.getLogger("env_servers")
@@ -153,7 +153,7 @@ class EnvServer:
 
     def _warm_up(self) -> None:
         for env_id, entry in self.table.entries.items():
-            entry.make(entry.make_config(self.table.env_configs.get(env_id, {})))
+            close_env(entry.make(entry.make_config(self.table.env_configs.get(env_id, {}))))
 
     async def _reap_forever(self) -> None:
         period = min(30.0, max(0.05, self.config.session_ttl_s / 4))
@@ -178,6 +178,7 @@ class EnvServer:
             self._reaper.cancel()
         await self._server.stop(max(0.1, min(1.0, deadline - loop.time())))
         self.service.pool.shutdown(wait=False, cancel_futures=True)
+        self.table.close_all()
         self._server = None
         self._stopped.set()
 

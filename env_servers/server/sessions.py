@@ -366,10 +366,13 @@ class SessionTable:
                 )
             session_id = _new_id(f"s{self.server_id}")
             rng = np.random.default_rng(self._seeds.spawn(1)[0])
+        env = None
         try:
-            env, spec = entry.make(config), entry.describe(config)
+            env = entry.make(config)
+            spec = entry.describe(config)
             toolbox = ToolBox.of(spec)
         except Exception as exc:
+            close_env(env)
             raise ProtocolError(grpc.StatusCode.INTERNAL, f"env '{req.env_id}' failed to start: {exc!r}") from exc
         session = Session(session_id, entry, config, env, spec, rng, toolbox=toolbox)
         response = pb.CreateSessionResponse(session_id=session_id, spec=self._spec(entry, config))
@@ -397,7 +400,8 @@ class SessionTable:
             raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
         with self._lock:
             session = self._sessions.pop(session_id, None)
-        _close_env(session)
+        if session is not None:
+            close_env(session.env)
         return session is not None
 
     def run(self, session_id: str, fn: Any) -> Any:
@@ -425,12 +429,22 @@ class SessionTable:
             stale = [sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s]
             removed = [self._sessions.pop(sid) for sid in stale]
         for session in removed:
-            _close_env(session)
+            close_env(session.env)
+        return len(removed)
+
+    def close_all(self) -> int:
+        """Close every idle session's env (the server is stopping); a session whose call still runs keeps its env."""
+        with self._lock:
+            idle = [sid for sid, s in self._sessions.items() if not s.busy]
+            removed = [self._sessions.pop(sid) for sid in idle]
+        for session in removed:
+            close_env(session.env)
         return len(removed)
 
 
-def _close_env(session: Session | None) -> None:
-    close = getattr(session.env, "close", None) if session else None
+def close_env(env: Any) -> None:
+    """Release an env that has ``close()`` (optional in the text contract); its errors are not the caller's."""
+    close = getattr(env, "close", None)
     if callable(close):
         try:
             close()

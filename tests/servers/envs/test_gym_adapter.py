@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("gymnasium", reason="the optional [gym] extra (gymnasium) is not installed")
+gymnasium = pytest.importorskip("gymnasium", reason="the optional [gym] extra (gymnasium) is not installed")
+
+from support.servers import start_server  # noqa: E402
 
 from env_servers.api import ConfigError  # noqa: E402
 from env_servers.registry import get_env  # noqa: E402
+from roll_lightning.env_client import EnvPool  # noqa: E402
 
 
 def make(env_id: str, **config):
@@ -45,3 +48,50 @@ def test_truncation_and_bad_ids_or_configs():
         get_env("gym:NoSuch-v0")
     with pytest.raises(ConfigError, match="make_kwargs"):
         get_env("gym:FrozenLake-v1").make_config({"make_kwargs": "[1]"})
+
+
+class CountedEnv(gymnasium.Env):
+    """A one-step Gymnasium env that counts how many instances are open, to see the server release them."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    open_now = 0
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.observation_space = gymnasium.spaces.Discrete(2)
+        type(self).open_now += 1
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: int):
+        return 1, float(action), True, False, {}
+
+    def render(self) -> str:
+        return "board"
+
+    def close(self) -> None:
+        type(self).open_now -= 1
+
+
+COUNTED = "RollTest/Counted-v0"
+gymnasium.register(COUNTED, entry_point=CountedEnv)
+
+
+async def test_the_server_closes_the_gymnasium_envs_it_makes():
+    running = start_server(env_ids=("gym:" + COUNTED,), max_sessions=4)
+    try:
+        assert CountedEnv.open_now == 0, "the start-up probe and describe's probe are closed"
+        async with EnvPool([running.address]) as pool:
+            kept, ended = await pool.open("gym:" + COUNTED), await pool.open("gym:" + COUNTED)
+            await kept.reset(seed=1)
+            assert (await ended.reset(seed=2)).observation.startswith("board")
+            assert (await ended.step("<answer>1</answer>")).reward == 1.0
+            assert CountedEnv.open_now == 2, "one env per session (the ANSI remake closed the first)"
+            await ended.close()
+            assert CountedEnv.open_now == 1, "closing a session closes its env"
+    finally:
+        running.stop()
+    assert CountedEnv.open_now == 0, "stopping the server closes the sessions still open"

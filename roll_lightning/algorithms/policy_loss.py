@@ -10,6 +10,7 @@ from torch import Tensor
 
 from roll_lightning.algorithms import losses
 from roll_lightning.algorithms.aggregation import Aggregation
+from roll_lightning.algorithms.grouping import segment_ids
 
 
 class PolicyLoss(ABC):
@@ -63,25 +64,30 @@ class PPO(PolicyLoss):
 
 @dataclass(frozen=True)
 class GSPO(PolicyLoss):
-    """``loss: gspo``: a mean of sequence means."""
+    """``loss: gspo``: a mean of sequence means. A sequence is a row's reply tokens, or with ``per_turn`` each run
+    of them, one turn of a trajectory row (ROLL's ``ratio_type: segment``)."""
 
     name: ClassVar[str] = "gspo"
 
     clip_low: float = 3e-4
     clip_high: float = 4e-4
+    per_turn: bool = False
 
     def token_losses(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         scaled, _, metrics = losses.gspo_token_losses(
-            logp, old_logp, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high
-        )
+            logp, old_logp, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
+            seq_ids=segment_ids(mask) if self.per_turn else None,
+        )  # fmt: skip
         return scaled, metrics  # l_t / |y_j|
 
     def numerator(self, token_losses: Tensor, mask: Tensor, aggregation: Aggregation) -> Tensor:
         return token_losses.sum()
 
     def divisor(self, mask: Tensor, aggregation: Aggregation, norm_len: int) -> float:
+        if self.per_turn:
+            return float(segment_ids(mask).amax(-1).sum().clamp(min=1))  # runs of reply tokens
         return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))  # rows with a reply token
 
 

@@ -84,6 +84,8 @@ class AlgorithmConfig:
         loss: ``ppo`` (token-level clipped ratio) or ``gspo`` (sequence-level ratio, narrow clip).
         clip_low / clip_high: ratio clip range (None = the loss's own: 0.2/0.2 for ppo, 3e-4/4e-4 for gspo).
         dual_clip: ppo only: a lower bound ``c`` (> 1) on the loss of negative-advantage tokens.
+        gspo_per_turn: gspo only: each turn of a trajectory row is a sequence with its own ratio (ROLL's
+            ``ratio_type: segment``); False: the row's whole reply is one sequence.
         aggregation: how token losses become one number (ppo): ``token-mean`` | ``seq-mean-token-sum`` |
             ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``.
         norm_by_std: grpo/gigpo: divide by the group's std (False = Dr.GRPO).
@@ -113,6 +115,7 @@ class AlgorithmConfig:
     clip_low: float | None = None
     clip_high: float | None = None
     dual_clip: float | None = None
+    gspo_per_turn: bool = False
     aggregation: AggMode = "token-mean"
     norm_by_std: bool = True
     gamma: float = 1.0
@@ -151,6 +154,10 @@ class AlgorithmConfig:
             "kl_coef": (self.kl_coef >= 0, ">= 0"),
             "kl_kind": choice(self, "kl_kind"),
             "dual_clip": (dual_clip_ok, "> 1, or null (off); it is loss: ppo's alone"),
+            "gspo_per_turn": (
+                not self.gspo_per_turn or self.loss == "gspo",
+                "false unless loss: gspo; it is gspo's alone",
+            ),
             "micro_batching": choice(self, "micro_batching"),
             "clip_low": (self.clip_low is None or self.clip_low >= 0, ">= 0, or null (the loss's default)"),
             "clip_high": (self.clip_high is None or self.clip_high >= 0, ">= 0, or null (the loss's default)"),
@@ -185,6 +192,7 @@ class AlgorithmConfig:
     def policy_loss(self) -> PolicyLoss:
         """The policy term ``loss`` names (`algorithms.POLICY_LOSSES`); an unset clip is the loss's own default."""
         given = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
+        given["per_turn"] = self.gspo_per_turn or None
         return POLICY_LOSSES[self.loss](**{k: v for k, v in given.items() if v is not None})
 
     @property

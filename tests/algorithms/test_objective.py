@@ -17,9 +17,12 @@ from hypothesis import strategies as st
 
 from roll_lightning.algorithms import POLICY_LOSSES
 from roll_lightning.algorithms.aggregation import AGG_MODES, AGGREGATIONS, aggregate
+from roll_lightning.algorithms.grouping import segment_ids
 from roll_lightning.algorithms.losses import gspo_policy_loss, kl_penalty, ppo_policy_loss
 from roll_lightning.algorithms.objective import MicroInputs, Objective
+from roll_lightning.algorithms.policy_loss import GSPO, PolicyLoss
 
+LOSSES = ("ppo", "gspo", "gspo-turn")
 EXTRAS = ("none", "kl", "entropy", "critic")
 SPLITS = ("rows", "halves", "trimmed")
 
@@ -31,7 +34,8 @@ def inputs(seed: int, rows: int = 6, width: int = 12) -> dict[str, torch.Tensor]
     positions = torch.arange(width)
     mask = (positions >= prompt[:, None]) & (positions < lengths[:, None])
     mask[0] = False  # a row without a reply token: it must not count in any denominator
-    mask[0, : int(lengths[0])] = False
+    odd = torch.arange(1, rows, 2)
+    mask[odd, prompt[odd] + 2] = False  # odd rows: two turns with an observation token between them
 
     def leaf(scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(rows, width, generator=g) * scale).requires_grad_(True)
@@ -50,10 +54,17 @@ def inputs(seed: int, rows: int = 6, width: int = 12) -> dict[str, torch.Tensor]
     }
 
 
+def policy(loss: str, clip: tuple[float, float]) -> PolicyLoss:
+    """``gspo-turn``: GSPO with one sequence per turn (``gspo_per_turn``)."""
+    if loss == "gspo-turn":
+        return GSPO(clip_low=clip[0], clip_high=clip[1], per_turn=True)
+    return POLICY_LOSSES[loss](clip_low=clip[0], clip_high=clip[1])
+
+
 def objective(loss: str, aggregation: str, extra: str) -> Objective:
     clip = (0.2, 0.28) if loss == "ppo" else (3e-4, 4e-4)
     return Objective(
-        policy=POLICY_LOSSES[loss](clip_low=clip[0], clip_high=clip[1]), aggregation=AGGREGATIONS[aggregation],
+        policy=policy(loss, clip), aggregation=AGGREGATIONS[aggregation],
         kl_coef=0.1 if extra == "kl" else 0.0, entropy_coef=0.01 if extra == "entropy" else 0.0,
         value_coef=0.5 if extra == "critic" else 0.0,
     )  # fmt: skip
@@ -93,7 +104,7 @@ def loss_and_grads(obj: Objective, x: dict[str, torch.Tensor], groups: list[list
 
 
 @pytest.mark.parametrize(
-    ("loss", "aggregation", "extra", "split"), list(itertools.product(("ppo", "gspo"), AGG_MODES, EXTRAS, SPLITS))
+    ("loss", "aggregation", "extra", "split"), list(itertools.product(LOSSES, AGG_MODES, EXTRAS, SPLITS))
 )
 def test_the_loss_and_its_gradient_do_not_depend_on_the_micro_batches(
     loss: str, aggregation: str, extra: str, split: str
@@ -114,9 +125,9 @@ def test_the_whole_batch_objective_is_the_documented_formula(aggregation: str) -
     x = inputs(seed=7)
     mask, logp, old = x["mask"], x["logp"], x["old_logp"]
     width = mask.shape[1]
-    for loss in ("ppo", "gspo"):
+    for loss in LOSSES:
         obj = Objective(
-            policy=POLICY_LOSSES[loss](clip_low=0.2, clip_high=0.2),
+            policy=policy(loss, (0.2, 0.2)),
             aggregation=AGGREGATIONS[aggregation],
             kl_coef=0.1,
             entropy_coef=0.01,
@@ -124,17 +135,20 @@ def test_the_whole_batch_objective_is_the_documented_formula(aggregation: str) -
         got, _ = obj(micro(x, list(range(6)), "kl", trim=False), obj.divisors(mask))
         got_h, _ = obj(micro(x, list(range(6)), "entropy", trim=False), obj.divisors(mask))
         if loss == "ppo":
-            policy, _ = ppo_policy_loss(logp, old, x["advantages"], mask, agg=aggregation, norm_len=width)  # type: ignore[arg-type]
+            expected, _ = ppo_policy_loss(logp, old, x["advantages"], mask, agg=aggregation, norm_len=width)  # type: ignore[arg-type]
         else:
-            policy, _ = gspo_policy_loss(logp, old, x["advantages"], mask, clip_low=0.2, clip_high=0.2)
+            seq_ids = segment_ids(mask) if loss == "gspo-turn" else None
+            expected, _ = gspo_policy_loss(
+                logp, old, x["advantages"], mask, clip_low=0.2, clip_high=0.2, seq_ids=seq_ids
+            )
         kl = aggregate(kl_penalty(logp, x["ref_logp"], "low_var_kl"), mask, aggregation, norm_len=width)  # type: ignore[arg-type]
         entropy = aggregate(x["entropy"], mask, aggregation, norm_len=width)  # type: ignore[arg-type]
-        torch.testing.assert_close(got, policy + 0.1 * kl)
-        torch.testing.assert_close(got_h, policy - 0.01 * entropy)
+        torch.testing.assert_close(got, expected + 0.1 * kl)
+        torch.testing.assert_close(got_h, expected - 0.01 * entropy)
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), cut=st.integers(1, 5), loss=st.sampled_from(["ppo", "gspo"]))
+@given(seed=st.integers(0, 10_000), cut=st.integers(1, 5), loss=st.sampled_from(LOSSES))
 def test_any_two_way_split_is_exact(seed: int, cut: int, loss: str) -> None:
     x = inputs(seed)
     obj = objective(loss, "seq-mean-token-sum-norm", "kl")

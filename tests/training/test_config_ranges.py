@@ -38,6 +38,12 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     ),
     (
         AlgorithmConfig,
+        {"gspo_per_turn": True},
+        TrainingConfigError,
+        "model.algorithm.gspo_per_turn must be false unless loss: gspo; it is gspo's alone, got True",
+    ),
+    (
+        AlgorithmConfig,
         {"kl_kind": "k4"},
         TrainingConfigError,
         "model.algorithm.kl_kind must be one of k1, kl, abs, k2, mse, k3, low_var_kl, got 'k4'",
@@ -116,6 +122,7 @@ def test_an_unset_clip_is_the_chosen_loss_s_own_default() -> None:
     assert AlgorithmConfig().policy_loss == PPO(clip_low=0.2, clip_high=0.2, dual_clip=None)
     assert AlgorithmConfig(loss="gspo").policy_loss == GSPO(clip_low=3e-4, clip_high=4e-4)
     assert AlgorithmConfig(loss="gspo", clip_high=1e-3).policy_loss == GSPO(clip_low=3e-4, clip_high=1e-3)
+    assert AlgorithmConfig(loss="gspo", gspo_per_turn=True).policy_loss == GSPO(per_turn=True)
     assert AlgorithmConfig(dual_clip=3.0, clip_low=0.1).objective.policy == PPO(clip_low=0.1, dual_clip=3.0)
 
 

@@ -31,10 +31,11 @@ def fit(
     [
         AlgorithmConfig(estimator="grpo", loss="ppo"),
         AlgorithmConfig(estimator="grpo", loss="gspo"),
+        AlgorithmConfig(estimator="grpo", loss="gspo", gspo_per_turn=True),
         AlgorithmConfig(estimator="ppo-gae", loss="ppo", value_coef=0.5),
         AlgorithmConfig(estimator="grpo", loss="ppo", kl_coef=0.1, entropy_coef=0.01, ppo_epochs=2, mini_batches=2),
     ],
-    ids=["grpo-ppo", "grpo-gspo", "ppo-gae", "grpo-kl-entropy-epochs"],
+    ids=["grpo-ppo", "grpo-gspo", "grpo-gspo-per-turn", "ppo-gae", "grpo-kl-entropy-epochs"],
 )
 def test_an_update_raises_the_probability_of_advantaged_replies(
     model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: AlgorithmConfig

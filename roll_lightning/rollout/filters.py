@@ -8,54 +8,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import pstdev
-from typing import Literal
+from typing import ClassVar, Literal
 
 from roll_lightning.rollout.groups import Group
 from roll_lightning.settings import check, choice
-
-FilterKind = Literal["none", "zero_variance", "top_p_variance"]
-
-
-@dataclass(frozen=True)
-class GroupFilterConfig:
-    """Which groups a batch keeps (``data.rollout.group_filter``).
-
-    Args:
-        kind: ``none``, ``zero_variance`` (drop flat groups and refill) or ``top_p_variance`` (over-sample, keep
-            the largest score spread).
-        tolerance: the largest score spread (max - min) that counts as flat.
-        keep_fraction: ``top_p_variance``: the share of played groups kept (not the sampling top_p).
-        max_extra_groups: ``zero_variance``: replacement groups per batch, at most (None: one batch's worth).
-    """
-
-    kind: FilterKind = "none"
-    tolerance: float = 1e-6
-    keep_fraction: float = 0.5
-    max_extra_groups: int | None = None
-
-    def check(self, group_size: int) -> None:
-        from roll_lightning.rollout.config import RolloutConfigError
-
-        key = "rollout.group_filter"
-        rules = {
-            "kind": choice(self, "kind"),
-            "tolerance": (self.tolerance >= 0, ">= 0"),
-            "keep_fraction": (0 < self.keep_fraction <= 1, "in (0, 1]"),
-            "max_extra_groups": (self.max_extra_groups is None or self.max_extra_groups >= 0, ">= 0, or null"),
-        }
-        check(key, self, rules, RolloutConfigError)
-        if self.kind != "none" and group_size < 2:
-            raise RolloutConfigError(
-                f"{key}.kind={self.kind} compares the members of a group, but rollout.group_size={group_size}: "
-                "a group of one has no spread (use group_size >= 2, or kind: none)"
-            )
-
-    def build(self) -> GroupFilter:
-        if self.kind == "zero_variance":
-            return ZeroVarianceFilter(self.tolerance, self.max_extra_groups)
-        if self.kind == "top_p_variance":
-            return TopPVarianceFilter(self.keep_fraction, self.tolerance)
-        return GroupFilter(self.tolerance)
 
 
 def scores(group: Group) -> list[float]:
@@ -70,8 +26,15 @@ def spread(group: Group) -> float:
 class GroupFilter:
     """Keeps every group (``kind: none``); the base of the others."""
 
+    name: ClassVar[str] = "none"
+
     def __init__(self, tolerance: float = 1e-6) -> None:
         self.tolerance = tolerance
+
+    @classmethod
+    def from_settings(cls, settings: GroupFilterConfig) -> GroupFilter:
+        """The filter built from ``data.rollout.group_filter``, taking the keys it uses."""
+        return cls(settings.tolerance)
 
     def to_play(self, needed: int) -> int:
         """Groups to collect before choosing."""
@@ -94,9 +57,17 @@ class GroupFilter:
 
 
 class ZeroVarianceFilter(GroupFilter):
+    """Drops flat groups and plays replacements (``kind: zero_variance``, DAPO's dynamic sampling)."""
+
+    name: ClassVar[str] = "zero_variance"
+
     def __init__(self, tolerance: float, max_extra_groups: int | None) -> None:
         super().__init__(tolerance)
         self.max_extra_groups = max_extra_groups
+
+    @classmethod
+    def from_settings(cls, settings: GroupFilterConfig) -> GroupFilter:
+        return cls(settings.tolerance, settings.max_extra_groups)
 
     def max_extra(self, needed: int) -> int:
         return needed if self.max_extra_groups is None else self.max_extra_groups
@@ -106,9 +77,17 @@ class ZeroVarianceFilter(GroupFilter):
 
 
 class TopPVarianceFilter(GroupFilter):
+    """Over-samples and keeps the groups of largest score spread (``kind: top_p_variance``, ROLL's)."""
+
+    name: ClassVar[str] = "top_p_variance"
+
     def __init__(self, keep_fraction: float, tolerance: float) -> None:
         super().__init__(tolerance)
         self.keep_fraction = keep_fraction
+
+    @classmethod
+    def from_settings(cls, settings: GroupFilterConfig) -> GroupFilter:
+        return cls(settings.keep_fraction, settings.tolerance)
 
     def to_play(self, needed: int) -> int:
         return math.ceil(needed / self.keep_fraction - 1e-9)
@@ -116,6 +95,49 @@ class TopPVarianceFilter(GroupFilter):
     def choose(self, kept: Sequence[Group], rejected: Sequence[Group], needed: int) -> tuple[list[Group], list[Group]]:
         ranked = sorted([*kept, *rejected], key=lambda g: (-pstdev(scores(g)), g.index))
         return ranked[:needed], ranked[needed:]
+
+
+GROUP_FILTERS: dict[str, type[GroupFilter]] = {f.name: f for f in (GroupFilter, ZeroVarianceFilter, TopPVarianceFilter)}
+FilterKind = Literal[tuple(GROUP_FILTERS)]  # type: ignore[valid-type]  # the registry's names
+
+
+@dataclass(frozen=True)
+class GroupFilterConfig:
+    """Which groups a batch keeps (``data.rollout.group_filter``).
+
+    Args:
+        kind: ``none``, ``zero_variance`` (drop flat groups and refill) or ``top_p_variance`` (over-sample, keep
+            the largest score spread).
+        tolerance: the largest score spread (max - min) that counts as flat.
+        keep_fraction: ``top_p_variance``: the share of played groups kept (not the sampling top_p).
+        max_extra_groups: ``zero_variance``: replacement groups per batch, at most (None: one batch's worth).
+    """
+
+    kind: FilterKind = "none"
+    tolerance: float = 1e-6
+    keep_fraction: float = 0.5
+    max_extra_groups: int | None = None
+
+    def check(self, group_size: int) -> None:
+        from roll_lightning.rollout.config import RolloutConfigError
+
+        key = "data.rollout.group_filter"
+        rules = {
+            "kind": choice(self, "kind"),
+            "tolerance": (self.tolerance >= 0, ">= 0"),
+            "keep_fraction": (0 < self.keep_fraction <= 1, "in (0, 1]"),
+            "max_extra_groups": (self.max_extra_groups is None or self.max_extra_groups >= 0, ">= 0, or null"),
+        }
+        check(key, self, rules, RolloutConfigError)
+        if self.kind != "none" and group_size < 2:
+            raise RolloutConfigError(
+                f"{key}.kind={self.kind} compares the members of a group, but data.rollout.group_size={group_size}: "
+                "a group of one has no spread (use group_size >= 2, or kind: none)"
+            )
+
+    def build(self) -> GroupFilter:
+        """The filter ``kind`` names (`GROUP_FILTERS`)."""
+        return GROUP_FILTERS[self.kind].from_settings(self)
 
 
 class GroupSelection:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given
@@ -19,7 +19,7 @@ from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine
 from roll_lightning.rollout.episode import Episode, Turn
-from roll_lightning.rollout.filters import GroupFilterConfig, GroupSelection, spread
+from roll_lightning.rollout.filters import GROUP_FILTERS, FilterKind, GroupFilterConfig, GroupSelection, spread
 from roll_lightning.rollout.groups import Group
 
 MOVES = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>"]
@@ -100,15 +100,28 @@ def test_every_selection_ends_with_exactly_the_groups_needed(
         assert all(spread(g) > 0 for g in chosen), "a flat group is kept only when nothing better was played"
 
 
+def test_each_kind_is_one_registry_entry_built_with_its_own_keys() -> None:
+    assert set(get_args(FilterKind)) == set(GROUP_FILTERS)
+    for kind, cls in GROUP_FILTERS.items():
+        assert type(GroupFilterConfig(kind).build()) is cls
+    zero = GroupFilterConfig("zero_variance", tolerance=0.5, max_extra_groups=3).build()
+    top = GroupFilterConfig("top_p_variance", tolerance=0.5, keep_fraction=0.25).build()
+    assert (zero.tolerance, zero.max_extra(8), zero.to_play(8)) == (0.5, 3, 8)
+    assert (top.tolerance, top.max_extra(8), top.to_play(8)) == (0.5, 0, 32)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"kind": "zero_variance", "group_size": 1}, "group_filter.kind=zero_variance compares the members"),
+        (
+            {"kind": "zero_variance", "group_size": 1},
+            "data.rollout.group_filter.kind=zero_variance compares the members",
+        ),
         ({"kind": "top_p_variance", "keep_fraction": 0.0}, r"group_filter.keep_fraction must be in \(0, 1\]"),
         ({"kind": "top_p_variance", "keep_fraction": 1.5}, r"group_filter.keep_fraction must be in \(0, 1\]"),
         ({"kind": "zero_variance", "max_extra_groups": -1}, "group_filter.max_extra_groups must be >= 0"),
         ({"kind": "zero_variance", "tolerance": -0.1}, "group_filter.tolerance must be >= 0"),
-        ({"kind": "variance"}, "group_filter.kind must be one of none, zero_variance, top_p_variance"),
+        ({"kind": "variance"}, "data.rollout.group_filter.kind must be one of none, zero_variance, top_p_variance"),
     ],
 )
 def test_impossible_filter_settings_name_the_key(overrides: dict[str, Any], message: str) -> None:

@@ -33,7 +33,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.support.results import Run  # noqa: E402
+from env_servers.ports import free_port  # noqa: E402
 from roll_lightning.env_client.local import LocalServer, launch_local_server  # noqa: E402
 
 SERVER_FAULTS = ("kill-server", "stop-server", "stop-all")
@@ -53,12 +53,6 @@ FAULT_COUNTERS = ("env/ejections_total", "env/episode_retries_total", "env/outag
 EVIDENCE = ("env/failed_calls_total", "env/retried_calls_total")  # further signs that a call met the fault
 EXIT_WAIT_S = 180.0  # a trainer not gone this long after SIGTERM is hung (its own exit watchdog fires at 60 s)
 HELD_EXIT = "roll_lightning: still exiting"  # what the trainer's exit watchdog prints (roll_lightning.exits)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -6,7 +6,6 @@ Nothing becomes a traceback: whatever goes wrong is one FAIL line naming it.
 from __future__ import annotations
 
 import shlex
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from env_servers.conformance.target import SERVICE, CheckFailed, Skipped, Suite, Target
+from env_servers.ports import free_port
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 
@@ -30,15 +30,9 @@ class CheckResult:
         return self.status == "FAIL"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[bytes], str, list[str]]:
     """Start ``command`` ({port} = a free port) and watch its health until SERVING; the states seen on the way."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(shlex.split(command.replace("{port}", str(port))), stdout=subprocess.DEVNULL)
     address, states = f"127.0.0.1:{port}", []
     channel = grpc.insecure_channel(address)

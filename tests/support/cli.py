@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -40,13 +39,6 @@ SLOW_ENV = [
     "--data.envs.local_args", '["--import", "support.plugin_envs"]', "--data.rollout.env_id", "slow",
     "--data.rollout.env_config", '{"max_steps": 2, "delay_s": 0.5}',
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a server or rendezvous that must be named before it starts)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.cli import cli_env, free_port
+from env_servers.ports import free_port
+from support.cli import cli_env
 from support.netns import IP, NetnsLab, netns_unavailable_reason
 
 TWO_NODES = [  # FSDP2 over gloo, one rank per node

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from support.cli import free_port
 from test_module import fit
 
+from env_servers.ports import free_port
 from roll_lightning.checks.handmade import handmade_batch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 from roll_lightning.training.module import AgentRLModule

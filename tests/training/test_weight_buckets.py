@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from support.cli import free_port
 
+from env_servers.ports import free_port
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams
 from roll_lightning.rollout.engines.base import BucketFeed, Weights, iter_buckets

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import free_port
+
+from env_servers.ports import free_port
 
 pytest.importorskip("mcp", reason="the optional [mcp] extra is not installed")
 

@@ -20,12 +20,21 @@ class EnvEntry:
         return parse_config(self.config_cls, values, env_id=self.env_id)
 
     def describe(self, config: Any) -> EnvSpec:
-        return self.env_cls.describe(config)
+        """The env's spec for ``config``, asked of the env once per process: a probe may start a game, a server or
+        a connection, and both runtimes ask at every session."""
+        key = (self.env_id, config)
+        spec = _SPECS.get(key)
+        if spec is None:
+            if len(_SPECS) >= 1024:  # bound it: clients may send many configs
+                _SPECS.clear()
+            spec = _SPECS[key] = self.env_cls.describe(config)
+        return spec
 
     def make(self, config: Any) -> TextEnv:
         return self.env_cls(config)
 
 
+_SPECS: dict[tuple[str, Any], EnvSpec] = {}  # (env id, config) -> spec
 _REGISTRY: dict[str, EnvEntry] = {}
 # id prefix -> factory(id) -> EnvEntry, for id families served by an adapter
 _PREFIXES: dict[str, Callable[[str], EnvEntry]] = {}

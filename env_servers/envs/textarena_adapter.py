@@ -8,7 +8,6 @@ last move. The mapping is in docs/environments.md.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import re
 from collections.abc import Mapping
@@ -97,7 +96,6 @@ class TextArenaEnv:
         return self._news() or info.get("reason", ""), reward, bool(done), truncated, info
 
     @classmethod
-    @functools.cache
     def describe(cls, config: TextArenaConfig) -> EnvSpec:
         instruction, _ = cls(config).reset(0)
         family = cls.game_id.split("-")[0]

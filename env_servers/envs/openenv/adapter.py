@@ -78,7 +78,6 @@ class OpenEnvConfig:
 
 
 _TOOLS: dict[tuple[str, OpenEnvConfig], tuple[Tool, ...]] = {}  # listed once per config
-_SPECS: dict[tuple[str, OpenEnvConfig], EnvSpec] = {}
 _SCHEMAS: dict[str, dict[str, Any]] = {}
 
 
@@ -198,14 +197,7 @@ class OpenEnvEnv:
 
     @classmethod
     def describe(cls, config: OpenEnvConfig) -> EnvSpec:
-        """The spec, probed once per config (the runtime asks at every session)."""
-        key = (cls.env_id, config)
-        if key not in _SPECS:
-            _SPECS[key] = cls._probe(config)
-        return _SPECS[key]
-
-    @classmethod
-    def _probe(cls, config: OpenEnvConfig) -> EnvSpec:
+        """The spec, from a probe session (`EnvEntry.describe` keeps it per config)."""
         probe = cls(config)
         try:
             first, _ = probe.reset(0)

@@ -37,6 +37,7 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "models/test_tiny_tools.py",
     "servers/envs/test_frozenlake.py",
     "servers/envs/test_sokoban.py",
+    "servers/test_capabilities.py",
     "servers/test_tool_schema.py",
     "protocol/test_stubs.py",
     "rollout/test_chat.py",

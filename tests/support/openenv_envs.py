@@ -115,11 +115,17 @@ class NotesEnv(MCPEnvironment):
     def _step_impl(self, action: Action, timeout_s: float | None = None, **_: Any) -> Observation:
         return Observation(reward=0.0)
 
-    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
-        obs = super().step(action, timeout_s=timeout_s, **kwargs)
+    def _ended(self, obs: Observation) -> Observation:
         if self.answered is not None:
             obs.done, obs.reward = True, 1.0 if self.answered == "33" else 0.0
         return obs
+
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        return self._ended(super().step(action, timeout_s=timeout_s, **kwargs))
+
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        """OpenEnv's server calls this one (over ``/ws``), not `step`."""
+        return self._ended(await super().step_async(action, timeout_s=timeout_s, **kwargs))
 
     @property
     def state(self) -> State:
@@ -149,13 +155,23 @@ ENVS = {"guess": (GuessEnv, GuessAction, GuessObservation), "slow": (SlowEnv, Gu
 
 def serve(name: str) -> None:
     """Serve ``ENVS[name]`` with OpenEnv's `create_app`, or the ASGI app ``name`` names (``module:app``), on a free
-    loopback port; print the URL first."""
+    loopback port; print the URL first. ``notes@production``: `NotesEnv` in OpenEnv's production mode (no
+    ``/reset``, ``/step`` or ``/state``: agents reach it over ``/ws`` and ``/mcp``)."""
     import importlib
 
     import uvicorn
     from openenv.core.env_server.http_server import create_app
 
-    if ":" in name:
+    if name == "notes@production":
+        from fastapi import FastAPI
+        from openenv.core.env_server.http_server import HTTPEnvServer
+        from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+        app = FastAPI()
+        HTTPEnvServer(NotesEnv, CallToolAction, CallToolObservation, max_concurrent_envs=64).register_routes(
+            app, mode="production"
+        )
+    elif ":" in name:
         module, _, attribute = name.partition(":")
         app = getattr(importlib.import_module(module), attribute)
     else:

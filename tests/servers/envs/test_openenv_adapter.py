@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from support.openenv_envs import dipg_dataset, running
 from support.servers import start_server
@@ -84,6 +85,25 @@ async def test_an_mcp_envs_tools_become_our_tool_calls() -> None:
             assert done.terminated and done.reward == 1.0 and done.tool_results[0].content == "answered"
     finally:
         server.stop()
+
+
+async def test_an_mcp_env_in_openenv_s_production_mode_is_played_from_its_server() -> None:
+    """Production mode drops ``/reset``, ``/step`` and ``/state``; the adapter speaks ``/ws``, which stays."""
+    with running("-m", "support.openenv_envs", "notes@production") as served:
+        assert httpx.post(f"{served.url}/reset", json={}).status_code == 404, "not production mode"
+        remote = f"openenv:{served.url}"
+        server = start_server(env_ids=(remote,))
+        try:
+            async with EnvPool([server.address]) as pool:
+                session = await pool.open(remote)
+                assert [tool.name for tool in session.tools] == ["read", "answer"]
+                await session.reset(seed=0)
+                read = await session.step("", [ClientToolCall("c1", "read", '{"box": 3}')])
+                assert [(r.content, r.is_error) for r in read.tool_results] == [("code 33", False)]
+                done = await session.step("", [ClientToolCall("c2", "answer", '{"code": "33"}')])
+                assert done.terminated and done.reward == 1.0
+        finally:
+            server.stop()
 
 
 def test_conformance_passes_on_adapted_openenv_envs(guess_url: str) -> None:

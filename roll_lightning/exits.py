@@ -47,6 +47,11 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
                 raise
             if is_peer_failure(err):
                 fail(f"{err}; every step all ranks completed is checkpointed: {_RESUME_HINT}", 1)
+            if is_peer_gone(err):
+                fail(
+                    "another rank's process ended while this one waited for it in a collective (its log says why); "
+                    f"this rank stops with it; every step all ranks completed is checkpointed: {_RESUME_HINT}", 1
+                )  # fmt: skip
             if is_env_failure(err):
                 what = err.detail if isinstance(err, EpisodeFailed) else str(err)  # without the status code's name
                 fail(f"{what}; every completed step is checkpointed: {_RESUME_HINT} once the envs are back", 1)
@@ -74,6 +79,15 @@ def is_peer_failure(err: BaseException) -> bool:
     """Another rank failed and this one stopped with it (lazy lookup: no torch import)."""
     module = sys.modules.get("roll_lightning.rollout.world_stop")
     return module is not None and isinstance(err, module.PeerRankFailed)
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo, when the other end's process ended
+
+
+def is_peer_gone(err: BaseException) -> bool:
+    """A collective failed because another rank's process ended (e.g. its set-up failed before the world stop
+    could tell this rank)."""
+    return isinstance(err, RuntimeError) and any(sign in str(err) for sign in _PEER_GONE)
 
 
 # -- bad input -------------------------------------------------------------------------------------------

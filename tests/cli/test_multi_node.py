@@ -16,6 +16,7 @@ import torch
 from support.cli import TINY, children, dumped_groups, wait_for_file
 from support.nodes import TWO_NODES, finish, start_nodes, two_hosts
 
+from env_servers.ports import free_port
 from roll_lightning.env_client.local import launch_local_server
 from roll_lightning.rollout.ledger import group_seed
 
@@ -94,5 +95,22 @@ def test_when_one_node_fails_for_good_the_other_stops_at_the_same_step_in_one_li
     assert stderr0.splitlines()[-1] == (
         "roll_lightning: error: another rank's rollout failed (its log says why); this rank stops with it; "
         "every step all ranks completed is checkpointed: resume with --ckpt_path last"
+    )
+    assert "Traceback" not in stderr0
+
+
+def test_when_one_node_fails_during_set_up_the_other_says_so_in_one_line(tmp_path: Path) -> None:
+    """Node 1 is given an env endpoint nobody serves, so its set-up fails (outage timeout 2 s) while node 0 waits
+    in a collective: node 0 ends with one line that points at the other rank, not gloo's traceback."""
+    with two_hosts() as nodes:
+        dead = ["--data.envs.endpoints", f'["127.0.0.1:{free_port()}"]', "--data.envs.outage_timeout_s", "2"]
+        procs = start_nodes(nodes, args(tmp_path / "run"), tmp_path, more={1: dead})
+        (status0, stderr0), (status1, stderr1) = finish(procs, timeout=180)
+    assert status1 != 0 and "roll_lightning: error:" in stderr1.splitlines()[-1], stderr1[-3000:]
+    assert status0 == 1, stderr0[-3000:]
+    assert stderr0.splitlines()[-1] == (
+        "roll_lightning: error: another rank's process ended while this one waited for it in a collective (its log "
+        "says why); this rank stops with it; every step all ranks completed is checkpointed: resume with "
+        "--ckpt_path last"
     )
     assert "Traceback" not in stderr0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from env_servers.conformance import run_conformance
+from support.conformance import conforms
+
 from roll_lightning.env_client.local import launch_local_server
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "writing-an-env.md"
@@ -21,9 +22,7 @@ def test_writing_an_env_example_conforms(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     server = launch_local_server(["countdown"], extra_args=["--import", "my_envs.counter"])
     try:
-        lines: list[str] = []
-        results = run_conformance(server.address, "countdown", report=lines.append)
-        assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
+        conforms(server.address, "countdown")
     finally:
         server.stop()
 

@@ -34,6 +34,7 @@ import pytest
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from support.conformance import conforms
 
 from roll_lightning.env_client.errors import EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.local import LocalServer
@@ -166,52 +167,28 @@ def second_node_server(node_modules: Path) -> Iterator[LocalServer]:
 def test_node_server_conforms(node_server, second_node_server):
     """guess_number on a running server (with a second process for determinism): every rule that needs no
     suite option passes; "batch-mixed" is not advertised by the Node server, so it is skipped."""
-    from env_servers.conformance import CHECKS, run_conformance
-
-    lines: list[str] = []
-    results = run_conformance(node_server.address, "guess_number", second=second_node_server.address,
-                              report=lines.append)  # fmt: skip
-    assert set(results) == set(CHECKS)
-    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
+    results = conforms(node_server.address, "guess_number", second=second_node_server.address)
     skipped = {name for name, outcome in results.items() if outcome.status == "SKIP"}
-    assert skipped == {"batch-mixed", "capacity", "idle-reaping", "env-crash", "auth", "loading", "drain"}, lines
+    assert skipped == {"batch-mixed", "capacity", "idle-reaping", "env-crash", "auth", "loading", "drain"}, results
 
 
 def test_node_server_started_by_the_suite_passes_every_rule_it_can(node_modules):
     """The whole suite, the server started by it: loading, capacity, reaping, the crash rule, the token, drain."""
-    from env_servers.conformance import CHECKS, run_conformance
-
     launch = (f"{NODE} {SERVER_JS} crashy --host 127.0.0.1 --port {{port}} --max-sessions 20 --session-ttl 2 "
               "--token s3cret-token --drain-seconds 30")  # fmt: skip
-    lines: list[str] = []
-    results = run_conformance(None, "crashy", launch=launch, token="s3cret-token", crash_action="crash", garbage="",
-                              report=lines.append)  # fmt: skip
-    assert set(results) == set(CHECKS)
-    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
+    results = conforms(None, "crashy", launch=launch, token="s3cret-token", crash_action="crash", garbage="")
     skipped = {name for name, outcome in results.items() if outcome.status == "SKIP"}
-    assert skipped == {"batch-mixed", "garbage-reply"}, lines  # crashy takes any text as a valid action
+    assert skipped == {"batch-mixed", "garbage-reply"}, results  # crashy takes any text as a valid action
 
 
 def test_node_grid_picture_conforms_images_included(node_server, second_node_server):
     """grid_picture sends a PNG with every observation: the images rule passes, across two processes too."""
-    from env_servers.conformance import run_conformance
-
-    lines: list[str] = []
-    results = run_conformance(node_server.address, "grid_picture", second=second_node_server.address,
-                              report=lines.append)  # fmt: skip
-    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
-    assert results["images"].status == "PASS", "\n".join(lines)
+    conforms(node_server.address, "grid_picture", second=second_node_server.address, passed=["images"])
 
 
 def test_node_reach_number_conforms_tools_included(node_server, second_node_server):
     """reach_number acts through tool calls: the tools rule passes (over Step, BatchStep and the Stream)."""
-    from env_servers.conformance import run_conformance
-
-    lines: list[str] = []
-    results = run_conformance(node_server.address, "reach_number", second=second_node_server.address,
-                              report=lines.append)  # fmt: skip
-    assert not [name for name, outcome in results.items() if outcome.failed], "\n".join(lines)
-    assert results["tools"].status == "PASS", "\n".join(lines)
+    conforms(node_server.address, "reach_number", second=second_node_server.address, passed=["tools"])
 
 
 def test_node_text_env_answers_calls_as_bad_calls(node_server):

@@ -85,9 +85,10 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo, 
 
 
 def is_peer_gone(err: BaseException) -> bool:
-    """A collective failed because another rank's process ended (e.g. its set-up failed before the world stop
-    could tell this rank)."""
-    return isinstance(err, RuntimeError) and any(sign in str(err) for sign in _PEER_GONE)
+    """A gloo collective failed because another rank's process ended (e.g. its set-up failed before the world
+    stop could tell this rank)."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and "gloo" in text and any(sign in text for sign in _PEER_GONE)
 
 
 # -- bad input -------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.cli import TINY, run_cli
 
-from roll_lightning.exits import is_input_error, join_negative_values
+from roll_lightning.exits import is_input_error, is_peer_gone, join_negative_values
 
 BAD_YAML = "model:\n  model: tiny\n rollout_steps: 3\n"  # the third line's indentation breaks the mapping
 
@@ -108,3 +108,12 @@ def test_bad_input_is_told_from_bugs() -> None:
     assert not is_input_error(_raised(lambda: json.loads("{")))  # a ValueError raised inside a library
     assert not is_input_error(_raised(lambda: __import__("no_such_module_here")))
     assert not is_input_error(RuntimeError("a bug"))
+
+
+def test_a_peer_gone_is_gloo_s_lost_connection_only() -> None:
+    """The line that points at another rank's log is for gloo's lost peer (tests/cli/test_multi_node.py shows it
+    end to end); the same words from anything else stay a bug with its traceback."""
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:45803."
+    assert is_peer_gone(RuntimeError(gloo))
+    assert not is_peer_gone(RuntimeError("Connection reset by peer"))  # an HTTP client's, say
+    assert not is_peer_gone(ValueError(gloo))

@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -425,18 +425,17 @@ class SessionTable:
     def reap_idle(self, now: float | None = None) -> int:
         """Close sessions idle past the TTL; returns how many."""
         now = time.monotonic() if now is None else now
-        with self._lock:
-            stale = [sid for sid, s in self._sessions.items() if not s.busy and now - s.last_used > self.session_ttl_s]
-            removed = [self._sessions.pop(sid) for sid in stale]
-        for session in removed:
-            close_env(session.env)
-        return len(removed)
+        return self._close_idle(lambda s: now - s.last_used > self.session_ttl_s)
 
     def close_all(self) -> int:
-        """Close every idle session's env (the server is stopping); a session whose call still runs keeps its env."""
+        """Close every idle session (the server is stopping); a session whose call still runs keeps its env."""
+        return self._close_idle(lambda s: True)
+
+    def _close_idle(self, chosen: Callable[[Session], bool]) -> int:
+        """Remove the sessions with no call in flight that ``chosen`` picks, close their envs; returns how many."""
         with self._lock:
-            idle = [sid for sid, s in self._sessions.items() if not s.busy]
-            removed = [self._sessions.pop(sid) for sid in idle]
+            picked = [sid for sid, s in self._sessions.items() if not s.busy and chosen(s)]
+            removed = [self._sessions.pop(sid) for sid in picked]
         for session in removed:
             close_env(session.env)
         return len(removed)

@@ -4,7 +4,7 @@ Printed on rank 0 (also after Ctrl-C, SIGTERM or an error)::
 
     run: runs/sokoban (2677 rollout steps, 30.0 min)
       metrics      runs/sokoban/lightning_logs/version_0/metrics.csv
-      checkpoint   runs/sokoban/checkpoints/last.ckpt
+      checkpoint   runs/sokoban/checkpoints/last.ckpt (after rollout step 2677)
       resume       python -m roll_lightning fit --config configs/sokoban.yaml --ckpt_path last
       ...
 """
@@ -23,7 +23,7 @@ import lightning as L
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from roll_lightning.callbacks.progress import clock
-from roll_lightning.checkpoints.callback import checkpoint_dir
+from roll_lightning.checkpoints.callback import LAST, StepCheckpoint, checkpoint_dir, held_rollout_step
 from roll_lightning.training.module import AgentRLModule
 
 
@@ -69,6 +69,10 @@ class RunSummary(L.Callback):
         self.report(trainer, pl_module)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # Lightning calls checkpoint callbacks last: the stop's checkpoint first (every rank), so the summary names it
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, StepCheckpoint):
+                callback.on_exception(trainer, pl_module, exception)
         self.report(trainer, pl_module, stopped=True)
 
     def report(self, trainer: L.Trainer, pl_module: L.LightningModule, stopped: bool = False) -> None:
@@ -91,9 +95,10 @@ class RunSummary(L.Callback):
                 rows.append(("metrics", _shown(Path(logger.log_dir) / "metrics.csv")))
             elif isinstance(logger, TensorBoardLogger):
                 rows.append(("tensorboard", f"tensorboard --logdir {shlex.quote(_shown(logger.root_dir))}"))
-        last = checkpoint_dir(trainer) / "last.ckpt"
+        last = checkpoint_dir(trainer) / LAST
         if last.exists():
-            rows.append(("checkpoint", _shown(last)))
+            step = held_rollout_step(trainer, last)
+            rows.append(("checkpoint", _shown(last) + (f" (after rollout step {step})" if step is not None else "")))
         for directory in _trajectory_dirs(trainer):
             rows.append(("episodes", f"python -m http.server -d {shlex.quote(_shown(directory))}  (open the page)"))
         if last.exists() and argv:

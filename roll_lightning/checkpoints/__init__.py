@@ -1,9 +1,9 @@
 """Checkpoints that resume where a run stopped and are never used damaged (docs/reliability.md)."""
 
-from roll_lightning.checkpoints.callback import PREVIOUS, StepCheckpoint, checkpoint_dir
+from roll_lightning.checkpoints.callback import LAST, PREVIOUS, StepCheckpoint, checkpoint_dir, held_rollout_step
 from roll_lightning.checkpoints.integrity import CheckpointError, Stamp, read_stamp, verify, write_checkpoint
 from roll_lightning.checkpoints.io import ChecksummedCheckpointIO, use_checksummed_io
-from roll_lightning.checkpoints.resume import LAST, resolve_ckpt_path
+from roll_lightning.checkpoints.resume import resolve_ckpt_path
 
 __all__ = [
     "LAST",
@@ -13,6 +13,7 @@ __all__ = [
     "Stamp",
     "StepCheckpoint",
     "checkpoint_dir",
+    "held_rollout_step",
     "read_stamp",
     "resolve_ckpt_path",
     "use_checksummed_io",

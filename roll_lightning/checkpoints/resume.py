@@ -11,10 +11,9 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from roll_lightning.checkpoints.callback import checkpoint_dir
+from roll_lightning.checkpoints.callback import LAST, checkpoint_dir
 from roll_lightning.checkpoints.integrity import CheckpointError, describe_intact_sibling, read_stamp, verify
 
-LAST = "last.ckpt"
 SHARDED_COMPLETE = "meta.pt"  # written after every rank's shards
 PASS_THROUGH = ("best", "hpc")
 

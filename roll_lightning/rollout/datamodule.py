@@ -76,6 +76,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.servers: EnvServers | None = None
         self.loop: RolloutLoop | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._untrained_state: dict[str, Any] | None = None  # the position before a batch that was never trained on
+        # the run's stop came out of a rollout, between steps, on every rank at once: all may join a last checkpoint
+        self.stopped_together = False
         self._watch: asyncio.Task[None] | None = None  # `WorldStop.watch`, with several ranks
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -86,6 +89,7 @@ class RolloutDataModule(L.LightningDataModule):
         from transformers import AutoTokenizer
 
         rank, world = self._rank_world()
+        self._untrained_state, self.stopped_together = None, False
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.vision = ImageEncoder.load(self.model, self.tokenizer)
         self.loop = RolloutLoop(f"rollout-loop-rank{rank}")
@@ -151,8 +155,9 @@ class RolloutDataModule(L.LightningDataModule):
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        if self.scheduler is not None:
-            self._pending_state = self.scheduler.state_dict()  # a checkpoint saved after fit still has it
+        if self.scheduler is not None:  # a checkpoint saved after fit still has it
+            untrained = self._untrained_state
+            self._pending_state = untrained if untrained is not None else self.scheduler.state_dict()
             await self.scheduler.close()
         if self.engine is not None:
             await self.engine.close()
@@ -172,10 +177,15 @@ class RolloutDataModule(L.LightningDataModule):
         """Block until the next batch of complete groups is ready."""
         if self.scheduler is None:
             raise RuntimeError("the rollout is not set up (call setup() first)")
+        # a batch that is never trained on (a stop, a failure, or another rank's, after its groups settled) must be
+        # played again on resume: a checkpoint saved after it failed holds the position from before it
+        before = self.scheduler.state_dict()
         try:
             return self._every_rank_or_none(self.scheduler.get_batch())
-        except (EnvOutage, EpisodesKeepFailing):
-            self._log_fault_totals()  # the run ends: log its fault counts first
+        except BaseException as err:
+            self._untrained_state = before
+            if isinstance(err, (EnvOutage, EpisodesKeepFailing)):
+                self._log_fault_totals()  # the run ends: log its fault counts first
             raise
 
     def _every_rank_or_none(self, rollout: Coroutine[Any, Any, T]) -> T:
@@ -187,12 +197,15 @@ class RolloutDataModule(L.LightningDataModule):
         except SIGTERMException:
             if stop is not None:
                 stop.agree(STOPPING)
+            self.stopped_together = True
             raise
         except BaseException:
             if stop is not None:
                 stop.agree(FAILED)
+            self.stopped_together = True
             raise
         if stop is not None and (verdict := stop.agree(GO)) != GO:
+            self.stopped_together = True
             if verdict == FAILED:
                 raise PeerRankFailed("another rank's rollout failed (its log says why); this rank stops with it")
             raise SIGTERMException(128 + (self.loop.terminating or signal.SIGTERM))
@@ -251,7 +264,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's position in its group sequence."""
-        if self.scheduler is not None:
+        if self._untrained_state is not None:
+            state = self._untrained_state
+        elif self.scheduler is not None:
             state = self.scheduler.state_dict()
         elif self._pending_state is not None:
             state = self._pending_state
@@ -318,6 +333,8 @@ class _RolloutStream(IterableDataset[RolloutBatch]):
         self.datamodule = datamodule
 
     def __iter__(self) -> Iterator[RolloutBatch]:
+        if self.datamodule.loop is not None:  # the trainer's steps begin: a signal lets the one running finish
+            self.datamodule.loop.stop_between_steps = True
         while True:
             yield self.datamodule.next_batch()
 

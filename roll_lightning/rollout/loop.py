@@ -28,6 +28,9 @@ class RolloutLoop:
         self._inflight: concurrent.futures.Future[Any] | None = None
         self.terminating = 0  # the signal stopping the run (0: none)
         self.world_stop: WorldStop | None = None  # with several ranks
+        # while a trainer's steps run, a signal outside a rollout waits for the step to finish (Lightning raises
+        # `SIGTERMException` between steps, or the next rollout does), so no step is cut short and left unsaved
+        self.stop_between_steps = False
         self._restore: Any = None
         self._install_sigterm_handler()
 
@@ -82,8 +85,8 @@ class RolloutLoop:
                 self.world_stop.announce(signum)
             if callable(previous):
                 previous(signum, frame)
-            elif inflight is None and self.world_stop is None:  # nothing to cancel: the default action, but clean
-                raise SystemExit(128 + signum)
+            elif inflight is None and self.world_stop is None and not self.stop_between_steps:
+                raise SystemExit(128 + signum)  # nothing to cancel, no step to finish: the default action, but clean
 
         signal.signal(signal.SIGTERM, on_sigterm)
         self._restore = previous

@@ -14,6 +14,9 @@ import torch
 from support.cli import (
     ROOT,
     SLOW_ENV,
+    SPARSE_CHECKPOINTS,
+    TINY,
+    check_last_holds_the_last_step,
     check_stopped_mid_rollout_then_resume,
     children,
     dumped_groups,
@@ -290,3 +293,47 @@ def test_sigterm_abandons_the_rollout_in_flight_and_resume_plays_its_groups(tmp_
     assert "abandoned the rollout in flight" in stderr and "resume with --ckpt_path last" in stderr
     assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)  # the env server was stopped
     check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)
+
+
+def test_sigterm_checkpoints_the_last_finished_step_though_no_checkpoint_is_due(tmp_path: Path) -> None:
+    """A config's checkpoint due every 100 steps: SIGTERM during step 2's rollout writes step 1 at the stop (the
+    summary names it), and the resumed run plays the abandoned groups, none twice and none skipped."""
+    run = tmp_path / "run"
+    args = ["fit", *RESUME_ARGS, *SLOW_ENV, *SPARSE_CHECKPOINTS, "--trainer.default_root_dir", str(run)]
+    proc = start_cli(*args, cwd=tmp_path, capture_stdout=True)
+    try:
+        wait_for_file(run, "step_000001.jsonl", proc)  # step 1 is trained and step 2's rollout runs
+        time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert check_last_holds_the_last_step(run, stdout) == 1
+    check_stopped_mid_rollout_then_resume(run, args, STEPS, tmp_path)
+
+
+ENDS = {  # a run that ends by itself, on its step count or on its time
+    "rollout_steps": ["--model.rollout_steps", "3"],
+    "max_time": ["--model.rollout_steps", "null", "--trainer.max_time", "00:00:00:03"],
+}
+EVERY_2 = [
+    "--trainer.callbacks+=roll_lightning.checkpoints.StepCheckpoint", "--trainer.callbacks.every_n_train_steps=2",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("checkpoints", [EVERY_2, SPARSE_CHECKPOINTS], ids=["every-2-steps", "every-100-steps"])
+@pytest.mark.parametrize("end", list(ENDS))
+def test_a_run_that_ends_by_itself_checkpoints_its_last_step_though_none_is_due(
+    end: str, checkpoints: list[str], tmp_path: Path
+) -> None:
+    """The config's checkpoint is due every 2 steps (a step that ends the run need not be one) or every 100 (none
+    is): the last step is written anyway. Three steps every 2: step 2's checkpoint, then step 3's."""
+    run = tmp_path / "run"
+    done = run_cli("fit", "--config", TINY, *ENDS[end], *checkpoints, "--trainer.default_root_dir", str(run),
+                   cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = check_last_holds_the_last_step(run, done.stdout, alone=checkpoints is SPARSE_CHECKPOINTS)
+    assert steps == 3 if end == "rollout_steps" else steps >= 1
+    if end == "rollout_steps" and checkpoints is EVERY_2:
+        assert torch.load(run / "checkpoints" / "previous.ckpt", weights_only=False)["rollout_steps"] == 2

@@ -3,8 +3,9 @@ cluster launcher starts them; each node a network namespace where root allows), 
 and its own env servers, FSDP2 over gloo across the nodes.
 
 A SIGTERM to one node stops both at the same step (before, both waited forever: Lightning's notifier broadcast
-from inside the signalled node's handler), and ``--ckpt_path last`` on both resumes exactly: the same groups, step
-by step, as a run never stopped. That the update equals one process's: tests/training/test_fsdp.py (two nodes)."""
+from inside the signalled node's handler), both write that step's checkpoint together though none is due (every
+100 steps), and ``--ckpt_path last`` on both resumes exactly: the same groups, step by step, as a run never
+stopped. That the update equals one process's: tests/training/test_fsdp.py (two nodes)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.cli import TINY, children, dumped_groups, wait_for_file
+from support.cli import SPARSE_CHECKPOINTS, TINY, children, dumped_groups, wait_for_file
 from support.nodes import TWO_NODES, finish, start_nodes, two_hosts
 
 from env_servers.ports import free_port
@@ -30,7 +31,7 @@ def args(run: Path, *more: str) -> list[str]:
         "--trainer.default_root_dir", str(run), "--trainer.logger", "CSVLogger",
         "--trainer.logger.save_dir", str(run),
         "--trainer.callbacks+=roll_lightning.callbacks.TrajectoryDump", "--trainer.callbacks.every_n_steps", "1",
-        "--trainer.callbacks.max_episodes", "0", *more,
+        "--trainer.callbacks.max_episodes", "0", *SPARSE_CHECKPOINTS, *more,
     ]  # fmt: skip
 
 
@@ -56,7 +57,10 @@ def test_a_sigterm_to_one_node_stops_both_and_both_resume_exactly(tmp_path: Path
         for status, stderr in stopped:
             assert status == 128 + signal.SIGTERM, stderr[-3000:]
             assert stderr.rstrip().endswith("roll_lightning: stopped by SIGTERM; resume with --ckpt_path last")
-        assert len(dumped_groups(run)) < STEPS
+        stopped_after = len(dumped_groups(run))
+        assert stopped_after < STEPS
+        held = torch.load(run / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)["rollout_steps"]
+        assert held == stopped_after and not (run / "checkpoints" / "previous.ckpt").exists()  # written at the stop
 
         for status, stderr in finish(start_nodes(nodes, args(run, "--ckpt_path", "last"), tmp_path)):
             assert status == 0, stderr[-3000:]
@@ -78,7 +82,8 @@ def test_a_sigterm_to_one_node_stops_both_and_both_resume_exactly(tmp_path: Path
 
 def test_when_one_node_fails_for_good_the_other_stops_at_the_same_step_in_one_line(tmp_path: Path) -> None:
     """Node 1's only env server dies and its outage timeout (3 s) ends its run: node 0 stops at that step too,
-    saying why in one line, instead of waiting in a collective for a rank that left."""
+    saying why in one line, instead of waiting in a collective for a rank that left; both write the last step
+    they trained (no checkpoint was due)."""
     with two_hosts() as nodes:
         server = launch_local_server(["frozenlake"], prefix=nodes[1].prefix)  # on node 1's host, its only one
         run = tmp_path / "run"
@@ -97,6 +102,8 @@ def test_when_one_node_fails_for_good_the_other_stops_at_the_same_step_in_one_li
         "every step all ranks completed is checkpointed: resume with --ckpt_path last"
     )
     assert "Traceback" not in stderr0
+    held = torch.load(run / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=False)["rollout_steps"]
+    assert held == len(dumped_groups(run)) >= 2
 
 
 def test_when_one_node_fails_during_set_up_the_other_says_so_in_one_line(tmp_path: Path) -> None:

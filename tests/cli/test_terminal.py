@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from support.cli import TINY, cli_env, run_cli
 
 from roll_lightning.models import tiny
@@ -41,7 +42,8 @@ def test_a_piped_run_prints_progress_evaluations_and_where_everything_went(tmp_p
     # The summary names what was written, and its resume command works as printed.
     summary = out[out.index(next(line for line in out if line.startswith("run: run (3 rollout steps"))) :]
     rows = dict(line.split(None, 1) for line in summary[1:])
-    assert rows["checkpoint"] == "run/checkpoints/last.ckpt" and (tmp_path / rows["checkpoint"]).is_file()
+    assert rows["checkpoint"] == "run/checkpoints/last.ckpt (after rollout step 3)"
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
     assert rows["tensorboard"] == "tensorboard --logdir run/lightning_logs"
     assert (tmp_path / rows["episodes"].split()[4] / "index.html").is_file()
     assert rows["resume"] == shlex.join(["python", "-m", "roll_lightning", *args, "--ckpt_path", "last"])
@@ -50,6 +52,8 @@ def test_a_piped_run_prints_progress_evaluations_and_where_everything_went(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert ", resuming after step 3 -> run" in again.stdout.splitlines()[0]
     assert "step 4/4 (100%)" in again.stdout and "held-out success" not in again.stdout.split("step 4/4")[0][-200:]
+    # step 3's checkpoint, written before the evaluation at the end, was written again with it
+    assert re.search(r"^step 4/4 .*\| held-out [\d.]+% \(step 3\) \|", again.stdout, re.MULTILINE), again.stdout
     # validate prints what it measured, once, and none of the fit's evaluations kept in the checkpoint
     checked = run_cli(*shlex.split(rows["validate"])[3:], cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr[-3000:]
@@ -57,6 +61,25 @@ def test_a_piped_run_prints_progress_evaluations_and_where_everything_went(tmp_p
     assert re.search(r"validate: held-out success [\d.]+% over 8 episodes, invalid replies [\d.]+%, with the weights "
                      r"after 4 rollout steps", said), said  # fmt: skip
     assert "after 0 rollout steps" not in said and "points since the first evaluation" not in said
+
+
+def test_a_resumed_run_shows_the_evaluation_of_the_step_its_checkpoint_holds(tmp_path: Path) -> None:
+    """A checkpoint due at a step that is evaluated (every 2 steps, evaluated every 2) is written before the
+    evaluation runs, then again, in place, with it: the resumed run's progress line shows step 2's evaluation,
+    not step 0's."""
+    args = ["fit", "--config", TINY, "--trainer.default_root_dir", "run", *EVALUATING,
+            "--trainer.callbacks+=roll_lightning.checkpoints.StepCheckpoint",
+            "--trainer.callbacks.every_n_train_steps=2"]  # fmt: skip
+    first = run_cli(*args, "--model.rollout_steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # the same step: no previous.ckpt
+    held = torch.load(folder / "last.ckpt", weights_only=False)
+    assert held["rollout_steps"] == 2 and [report["step"] for report in held["eval_reports"]] == [0, 2]
+    again = run_cli(*args, "--model.rollout_steps", "3", "--ckpt_path", "last", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (line,) = [line for line in again.stdout.splitlines() if line.startswith("step 3/3")]
+    assert re.search(r"\| held-out [\d.]+% \(step 2\) \|", line), line
 
 
 def test_a_terminal_run_redraws_one_progress_line(tmp_path: Path) -> None:

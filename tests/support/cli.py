@@ -11,6 +11,8 @@
 - `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
 - `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks);
   `check_stopped_mid_rollout_then_resume`: the resume check after a signal stopped step 2's rollout.
+- `SPARSE_CHECKPOINTS`: a `StepCheckpoint` due every 100 steps; `run_summary`: the end-of-run block;
+  `check_last_holds_the_last_step`: a run's only checkpoint holds the step it ended after, and the block says so.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +41,11 @@ TWO_RANKS = [  # two FSDP2 ranks on the CPU (gloo), as a user would ask for them
 SLOW_ENV = [
     "--data.envs.local_args", '["--import", "support.plugin_envs"]', "--data.rollout.env_id", "slow",
     "--data.rollout.env_config", '{"max_steps": 2, "delay_s": 0.5}',
+]  # fmt: skip
+
+
+SPARSE_CHECKPOINTS = [  # a config's own checkpoint callback, due at no step of a short run
+    "--trainer.callbacks+=roll_lightning.checkpoints.StepCheckpoint", "--trainer.callbacks.every_n_train_steps=100",
 ]  # fmt: skip
 
 
@@ -153,6 +161,34 @@ def check_stopped_mid_rollout_then_resume(run: Path, args: list[str], steps: int
     assert sorted(groups) == list(range(1, steps + 1))
     played = [g for step in sorted(groups) for g in groups[step]]
     assert len(played) == len(set(played)) == steps * 2  # every group once: none repeated, none skipped
+
+
+def run_summary(stdout: str) -> tuple[int, dict[str, str]]:
+    """The end-of-run block `RunSummary` printed last: the rollout steps its head counts, and its rows by name."""
+    lines = stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("run: "))
+    head = re.match(r"run: \S+ \((\d+) rollout steps in ", lines[start])
+    assert head is not None, lines[start]
+    rows = dict(line.split(None, 1) for line in lines[start + 1 :] if line.startswith("  "))
+    return int(head[1]), rows
+
+
+def check_last_holds_the_last_step(run: Path, stdout: str, alone: bool = True) -> int:
+    """``last.ckpt``, whole (and, if ``alone``, the only checkpoint under ``run``), holds the last step the run
+    trained (the summary's count, each step's dumped episodes) and the summary's checkpoint row names it; returns
+    the step."""
+    import torch
+
+    from roll_lightning.checkpoints import verify
+
+    steps, rows = run_summary(stdout)
+    last = run / "checkpoints" / "last.ckpt"
+    stamp = verify(last)
+    assert not alone or sorted(p.name for p in run.rglob("*.ckpt")) == ["last.ckpt"]
+    assert stamp is not None and stamp.rollout_step == steps == len(dumped_groups(run)) >= 1, (stamp, steps)
+    assert torch.load(last, weights_only=False)["rollout_steps"] == steps
+    assert rows["checkpoint"].endswith(f"checkpoints/last.ckpt (after rollout step {steps})"), rows
+    return steps
 
 
 def build_cli(tmp_path: Path, monkeypatch: Any, *args: str) -> Any:

@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,8 @@ class VLLMEngine(ThreadedEngine):
         """vLLM's in-place reload; its layer-wise loader never holds a whole model."""
         pairs = iter(dict(weights).items()) if isinstance(weights, Mapping) else iter_weight_pairs(weights)
         self._lora_request = None  # merged weights replace the adapter
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        cast = in_dtype(pairs, self.engine.model_config.dtype)
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
         if self.on_cpu and self.tied_embeddings:
             self.engine.collective_rpc(_repack_tied_lm_head)
         # cached prefixes came from the old weights
@@ -202,6 +203,12 @@ class VLLMEngine(ThreadedEngine):
                     prompt_tokens=len(request.prompt_ids),
                 ),
             )
+
+
+def in_dtype(pairs: Iterator[tuple[str, Any]], dtype: Any) -> Iterator[tuple[str, Any]]:
+    """Each tensor in the engine's dtype, one at a time: vLLM casts a mismatch too, but warns once per tensor."""
+    for name, tensor in pairs:
+        yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def allowed_token_ids(hf_config: Any, vocab_size: int) -> list[int] | None:

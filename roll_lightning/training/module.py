@@ -33,6 +33,9 @@ from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weight_sync import WeightSync
 
 MAXIMA = frozenset({"is_weight_max"})  # step value: the largest, not the mean
+# train/logprob_gap above this (nats per reply token) means the engine samples from other weights than the
+# trainer's; bf16 on either side measures ~0.03, float32 on both ~1e-4 (docs/training.md, "Log-prob gap")
+LOGPROB_GAP_WARNING = 0.1
 
 
 class AgentRLModule(L.LightningModule):
@@ -93,6 +96,7 @@ class AgentRLModule(L.LightningModule):
         self.weight_sync = WeightSync(bucket_bytes=sync_bucket_bytes)
         self.fit_record = FitRecord()
         self._measure_gap = False
+        self._gap_warned = False
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -224,7 +228,21 @@ class AgentRLModule(L.LightningModule):
         self.lr_schedulers().step()
         out.update({k: v / steps for k, v in sums.items()})
         out["train/lr"] = opt.param_groups[0]["lr"]
+        self._check_gap(out.get("train/logprob_gap"))
         return out
+
+    def _check_gap(self, gap: float | torch.Tensor | None) -> None:
+        """Warn once per fit when the engine's log-probs are far from the trainer's."""
+        if gap is None or float(gap) <= LOGPROB_GAP_WARNING or self._gap_warned:
+            return
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        self._gap_warned = True
+        rank_zero_warn(
+            f"train/logprob_gap is {float(gap):.3f} nats per reply token at rollout step {self.steps_done + 1} "
+            f"(above {LOGPROB_GAP_WARNING}): the engine samples from other weights than the trainer's. A weight "
+            "sync that did not take, or data.engine.dtype far from model.dtype (warned once)"
+        )
 
     def _skip_update(self, opt: Any) -> dict[str, float]:
         """No-op steps (no gradients), so the step count and LR schedule go on."""

@@ -223,3 +223,21 @@ def test_one_step_per_batch_takes_the_old_log_probs_from_its_own_forward(
     assert forwards[0] == [True] * ((len(batch) + 1) // 2)  # the micro-batches' forwards alone, all with grad
     torch.testing.assert_close(params[0], params[1], atol=2e-6, rtol=1e-5)
     assert not AlgorithmConfig(mini_batches=2).old_logprobs_from_update
+
+
+def test_a_sampler_far_from_the_trainer_is_reported_once(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """Behaviour log-probs 0.5 nats below the trainer's on every reply token (as from other weights): the gap is
+    logged as such, and one warning names it."""
+    import dataclasses
+
+    from roll_lightning.training.module import LOGPROB_GAP_WARNING
+
+    batch = handmade_batch(model_dir, tokenizer)
+    shifted = batch.behaviour_logprobs - 0.5 * batch.response_mask
+    batch = dataclasses.replace(batch, behaviour_logprobs=shifted)
+    module = AgentRLModule(str(model_dir), optim=OptimConfig(lr=1e-4))
+    with pytest.warns(UserWarning, match=r"train/logprob_gap is 0\.5\d\d nats per reply token") as caught:
+        trainer = fit(module, batch, tmp_path, rollout_steps=2)
+    gap = float(trainer.callback_metrics["train/logprob_gap"])
+    assert abs(gap - 0.5) < 0.1 and gap > LOGPROB_GAP_WARNING
+    assert sum("logprob_gap" in str(w.message) for w in caught) == 1

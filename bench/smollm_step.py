@@ -103,6 +103,7 @@ def train_worker(variant: str, rows: int, micro: int, steps: int) -> dict[str, A
                 attention_mask=torch.ones_like(ids[part]),
                 position_ids=positions[part],
                 response_mask=mask[part],
+                has_images=False,
             )
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
                 if all_positions:

@@ -2,10 +2,11 @@
 full updated weights, and each rank its optimiser-step count to ``OUT.rank<r>``.
 
     python -m roll_lightning.checks.fsdp_worker MODEL_DIR OUT ALGORITHM_JSON [--ranks N] [--nodes M]
-        [--backend gloo|nccl] [--accelerator cpu|gpu] [--rank1-rows K]
+        [--backend gloo|nccl] [--accelerator cpu|gpu] [--rank1-rows K] [--turns T]
 
 Its own process, since Lightning starts the other ranks by rerunning the command. ``--rank1-rows K``: rank 1
-gets only K rows. ``--nodes M``: started once per node with ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set.
+gets only K rows; ``--turns T``: trajectory rows of T turns each. ``--nodes M``: started once per node with
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def main() -> None:
     ap.add_argument("--backend", default="gloo")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--rank1-rows", type=int, default=None)
+    ap.add_argument("--turns", type=int, default=1)
     args = ap.parse_args()
     model_dir = args.model_dir
-    batch = handmade_batch(Path(model_dir), AutoTokenizer.from_pretrained(model_dir), groups=args.ranks)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = handmade_batch(Path(model_dir), tokenizer, groups=args.ranks, turns=args.turns)
     module = AgentRLModule(
         model_dir,
         algorithm=AlgorithmConfig(**json.loads(args.algorithm_json)),

@@ -14,33 +14,37 @@ import lightning as L
 import torch
 
 from roll_lightning.rollout.batch import RolloutBatch, collate
+from roll_lightning.rollout.chat import TokenHistory
 from roll_lightning.rollout.episode import Episode, Turn
 
 GOOD, BAD = "<answer>Left</answer>", "<answer>Right</answer>"
 
 
-def handmade_batch(model_dir: Path, tokenizer: Any, groups: int = 2, layout: str = "trajectory") -> RolloutBatch:
+def handmade_batch(
+    model_dir: Path, tokenizer: Any, groups: int = 2, layout: str = "trajectory", turns: int = 1
+) -> RolloutBatch:
+    """``groups`` boards, four members each (GOOD, BAD, GOOD, BAD replies on every turn, reward 1 for GOOD at the
+    end); ``turns`` > 1 makes each episode one growing conversation, as the rollout's trajectory rows are."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
     episodes = []
     for g in range(groups):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Turn 1:\n#####\n#P_O#\n#####\nboard {g}"}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        prompt = tokenizer.encode(text, add_special_tokens=False)
         for member, reply in enumerate([GOOD, BAD, GOOD, BAD]):
-            response = tokenizer.encode(reply, add_special_tokens=False) + [eos]
-            ids = torch.tensor([prompt + response])
-            with torch.no_grad():
-                logits = model(ids).logits[0, len(prompt) - 1 : -1]
-            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
-            turn = Turn(prompt, response, logp.tolist(), "stop", 0, observation=f"board {g}", reply=reply)
-            turn.reward = 1.0 if reply == GOOD else 0.0
-            episodes.append(Episode(group_index=g, member=member, seed=100 + g, env_id="handmade", turns=[turn]))
+            history = TokenHistory(tokenizer)  # the rollout's own growing conversation
+            episode = Episode(group_index=g, member=member, seed=100 + g, env_id="handmade", turns=[])
+            for k in range(turns):
+                prompt = list(history.add_user(f"Turn {k + 1}:\n#####\n#P_O#\n#####\nboard {g}"))
+                response = tokenizer.encode(reply, add_special_tokens=False) + [eos]
+                history.add_reply(response, {eos})
+                with torch.no_grad():
+                    logits = model(torch.tensor([history.ids])).logits[0, -len(response) - 1 : -1]
+                logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+                turn = Turn(prompt, response, logp.tolist(), "stop", 0, observation=f"board {g}", reply=reply)
+                turn.reward = 1.0 if reply == GOOD and k == turns - 1 else 0.0
+                episode.turns.append(turn)
+            episodes.append(episode)
     return collate(episodes, layout, tokenizer.pad_token_id)
 
 

@@ -23,16 +23,22 @@ TESTS = Path(__file__).parent.parent
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "nodes"),
-    [({"estimator": "grpo"}, 1), ({"estimator": "grpo", "loss": "gspo"}, 1), ({"estimator": "grpo"}, 2)],
-    ids=["ppo", "gspo", "ppo-two-nodes"],
+    ("algorithm", "nodes", "turns"),
+    [
+        ({"estimator": "grpo"}, 1, 1),
+        ({"estimator": "grpo", "loss": "gspo"}, 1, 1),
+        ({"estimator": "grpo"}, 2, 1),
+        ({"estimator": "grpo", "norm_by_std": False}, 1, 3),  # configs/frozenlake_vllm.yaml's update
+    ],
+    ids=["ppo", "gspo", "ppo-two-nodes", "grpo-trajectory-rows"],
 )
 def test_two_fsdp2_ranks_match_one_process(
-    model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: dict[str, Any], nodes: int
+    model_dir: Path, tokenizer: Any, tmp_path: Path, algorithm: dict[str, Any], nodes: int, turns: int
 ) -> None:
-    """``nodes``: the two ranks on one node (Lightning starts the second) or on two (``NODE_RANK`` 0 and 1)."""
+    """``nodes``: the two ranks on one node (Lightning starts the second) or on two (``NODE_RANK`` 0 and 1);
+    ``turns``: each row a conversation of that many turns."""
     single = AgentRLModule(str(model_dir), algorithm=AlgorithmConfig(**algorithm), optim=OptimConfig(lr=1e-3))
-    fit(single, handmade_batch(model_dir, tokenizer), tmp_path / "single")
+    fit(single, handmade_batch(model_dir, tokenizer, turns=turns), tmp_path / "single")
 
     out = tmp_path / "fsdp.pt"
     env = {
@@ -41,9 +47,15 @@ def test_two_fsdp2_ranks_match_one_process(
         "OMP_NUM_THREADS": "1",
     }
     command = [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out)]
+    command_tail = ["--turns", str(turns)]
     if nodes == 1:
         done = subprocess.run(
-            [*command, json.dumps(algorithm)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+            [*command, json.dumps(algorithm), *command_tail],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr[-4000:]
     else:  # one process per node, as a cluster launcher starts them
@@ -51,7 +63,7 @@ def test_two_fsdp2_ranks_match_one_process(
         nodes_env = [{**env, "NODE_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in (0, 1)]
         procs = [
             subprocess.Popen(
-                [*command, json.dumps(algorithm), "--nodes", "2"],
+                [*command, json.dumps(algorithm), "--nodes", "2", *command_tail],
                 env=e,
                 stderr=subprocess.PIPE,
                 text=True,

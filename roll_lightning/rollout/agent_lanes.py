@@ -36,6 +36,7 @@ class AgentLanes:
                     token=agent.token,
                     max_context_tokens=settings.max_context_tokens,
                     max_tokens=settings.sampling.max_new_tokens,
+                    max_turns=settings.max_turns,
                     tool_parser=settings.prompt.tool_parser,
                     temperature=settings.sampling.temperature,
                 )
@@ -43,6 +44,10 @@ class AgentLanes:
                 await endpoint.start()
                 self.endpoints[lane.tag] = endpoint
             return self.endpoints[lane.tag]
+
+    def clamped(self) -> int:
+        """Calls whose ``max_tokens`` was clamped to their lane's reply budget, since the start."""
+        return sum(endpoint.clamped for endpoint in self.endpoints.values())
 
     async def close(self) -> None:
         await asyncio.gather(*(e.stop() for e in self.endpoints.values()), return_exceptions=True)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
@@ -23,6 +24,7 @@ from roll_lightning.rollout.engines.base import Generates, SamplingParams
 from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
 
 ROLES = ("system", "user", "assistant", "tool")
+SERVED_MODEL = "policy"  # the one model `GET /models` lists; a call's own `model` is not checked (docs/agents.md)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class EndpointConfig:
     port: 0 picks a free one.
     token: the bearer token every call must carry (None: loopback only).
     max_context_tokens: the most tokens a prompt plus its reply may take.
-    max_tokens: a call's default and largest reply budget.
+    max_tokens: a call's default and largest reply budget: a larger ``max_tokens`` is clamped to it.
+    max_turns: the most calls an episode may make (None: no bound); later ones are refused.
     max_body_bytes: the largest request body.
     tool_parser: how replies are read into tool calls (`tool_calls`).
     temperature: set in training: every call is sampled at it, with top_p 1.
@@ -45,6 +48,7 @@ class EndpointConfig:
     token: str | None = None
     max_context_tokens: int = 4096
     max_tokens: int = 512
+    max_turns: int | None = None
     max_body_bytes: int = 1 << 20
     tool_parser: str = "hermes"
     temperature: float | None = None
@@ -76,11 +80,15 @@ class AgentEndpoint:
         self.stop_ids = {tokenizer.eos_token_id}
         self.episodes: dict[str, AgentEpisode] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.clamped = 0  # calls whose max_tokens was over ``config.max_tokens``, since the start
         self.app = Starlette(
             routes=[
                 Route("/episodes/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/episodes/{key}/v1/models", self._models, methods=["GET"]),
                 Route("/episodes/{key}/reward", self._reward, methods=["POST"]),
-            ]
+            ],
+            # unknown routes, wrong methods and bugs answer OpenAI-style too, not in plain text
+            exception_handlers={HTTPException: _http_error, 500: _server_error},
         )
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -145,6 +153,15 @@ class AgentEndpoint:
         except RequestError as error:
             return error.response()
 
+    async def _models(self, request: Request) -> JSONResponse:
+        """The served model, as OpenAI lists models; any open or finished episode's agent may ask."""
+        try:
+            self._authorise(request)
+        except RequestError as error:
+            return error.response()
+        model = {"id": SERVED_MODEL, "object": "model", "created": 0, "owned_by": "roll_lightning"}
+        return JSONResponse({"object": "list", "data": [model]})
+
     async def _reward(self, request: Request) -> JSONResponse:
         """``{"reward": number, "metrics": {name: number}}``, once per episode."""
         try:
@@ -192,8 +209,14 @@ class AgentEndpoint:
         return body
 
     async def _answer(self, episode: AgentEpisode, body: dict[str, Any]) -> dict[str, Any]:
-        messages, tools, params, want_logprobs = self._read(body)
+        messages, tools, params, want_logprobs, clamped = self._read(body)
         async with self._locks.setdefault(episode.key, asyncio.Lock()):  # an episode's calls, one at a time
+            limit = self.config.max_turns
+            if limit is not None and len(episode.calls) >= limit:
+                raise RequestError(
+                    400, f"the episode already made {limit} calls, the most episode.max_turns={limit} allows: "
+                    "report its reward instead"
+                )  # fmt: skip
             plan = episode.plan(self.tokenizer, messages, tools)
             prompt = plan.prompt_ids
             budget = self.config.max_context_tokens - len(prompt)
@@ -211,6 +234,7 @@ class AgentEndpoint:
                 finish_reason=generation.finish_reason,
             )
             episode.record(plan, call, self.stop_ids, reply)  # before answering: a vanished client loses nothing
+            self.clamped += clamped
         finish = "tool_calls" if reply.get("tool_calls") else generation.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}
         if want_logprobs:
@@ -219,7 +243,7 @@ class AgentEndpoint:
             "id": f"chatcmpl-{episode.key}-{len(episode.calls)}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": "policy",
+            "model": SERVED_MODEL,
             "system_fingerprint": f"policy-v{generation.policy_version}",
             "choices": [choice],
             "usage": {
@@ -229,8 +253,9 @@ class AgentEndpoint:
             },
         }
 
-    def _read(self, body: dict[str, Any]) -> tuple[list[dict], list[dict] | None, SamplingParams, bool]:
-        """The request's messages, tools, sampling and whether log-probs are wanted; 400 naming a bad field."""
+    def _read(self, body: dict[str, Any]) -> tuple[list[dict], list[dict] | None, SamplingParams, bool, bool]:
+        """The request's messages, tools, sampling, whether log-probs are wanted and whether its ``max_tokens`` was
+        clamped to the run's reply budget; 400 naming a bad field."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "messages must be a non-empty list", "messages")
@@ -249,22 +274,27 @@ class AgentEndpoint:
             raise RequestError(400, "streaming is not supported", "stream")
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
-        budget = body.get("max_completion_tokens", body.get("max_tokens", self.config.max_tokens))
+        budget = next(
+            (body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+            self.config.max_tokens,
+        )
         checks = {
             "temperature": (body.get("temperature", 1.0), lambda v: _number(v) and 0 <= v <= 2),
             "top_p": (body.get("top_p", 1.0), lambda v: _number(v) and 0 < v <= 1),
-            "max_tokens": (budget, lambda v: isinstance(v, int) and 1 <= v <= self.config.max_tokens),
+            "max_tokens": (budget, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
             "stop": (stop, lambda v: isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
             "logprobs": (body.get("logprobs", False), lambda v: isinstance(v, bool)),
         }
         for name, (value, ok) in checks.items():
             if not ok(value):
                 raise RequestError(400, f"{name}={value!r} is not allowed", name)
+        clamped = budget > self.config.max_tokens  # the run's reply budget: a reply cut there ends with "length"
+        budget = min(budget, self.config.max_tokens)
         temperature, top_p = body.get("temperature", 1.0), body.get("top_p", 1.0)
         if self.config.temperature is not None:
             temperature, top_p = self.config.temperature, 1.0
         params = SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, stop=tuple(stop))
-        return messages, tools, params, body.get("logprobs", False)
+        return messages, tools, params, body.get("logprobs", False), clamped
 
     def _token_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
         out = []
@@ -287,6 +317,25 @@ def _assistant_message(
             for k, c in enumerate(calls)
         ]
     return message
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Starlette's 404 (no such route) and 405 (wrong method) as OpenAI-style errors."""
+    assert isinstance(error, HTTPException)
+    if error.status_code == 405:
+        allowed = {k.lower(): v for k, v in (error.headers or {}).items()}.get("allow", "POST")
+        message = f"{request.method} is not allowed on {request.url.path}: use {allowed}"
+    else:
+        message = f"no route {request.method} {request.url.path}: chat calls go to {{OPENAI_BASE_URL}}/chat/completions"
+    answer = RequestError(error.status_code, message, kind="not_found_error" if error.status_code == 404 else
+                          "invalid_request_error").response()  # fmt: skip
+    answer.headers.update(error.headers or {})
+    return answer
+
+
+async def _server_error(request: Request, error: Exception) -> Response:
+    """A bug answers 500 in OpenAI form (the traceback is still logged)."""
+    return RequestError(500, f"the endpoint failed: {error!r}", kind="server_error").response()
 
 
 def _number(value: Any) -> bool:

@@ -102,6 +102,8 @@ class RolloutScheduler:
         batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
         batch.metrics["rollout/turns_redone"] = float(sum(t.redone > 0 for ep in episodes for t in ep.turns))
         batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
+        if any(lane.spec.agent is not None for lane in self.lanes):
+            batch.metrics["rollout/agent_max_tokens_clamped_total"] = float(self.agents.clamped())
         self.ledger.batches += 1
         return batch
 

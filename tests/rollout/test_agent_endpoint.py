@@ -1,7 +1,9 @@
 """The policy as an OpenAI-compatible chat endpoint (issue 33): the official `openai` client talks to the tiny
 model through it; every call is recorded as the engine sampled it (token ids, log-probs, policy version); a
 conversation that grows keeps its tokens exactly, one that rewrites its history starts a new segment; bad calls
-get OpenAI-style errors that harm no other episode."""
+get OpenAI-style errors that harm no other episode. Requests as agents usually write them (issue 47) succeed:
+a `max_tokens` over the run's reply budget is clamped to it, any model name is answered, `GET /models` lists the
+policy; every route answers OpenAI-style JSON errors; an episode's calls beyond `max_turns` are refused."""
 
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ async def test_bad_calls_get_openai_errors_and_harm_no_other_episode(
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0]"),
         ({"messages": ok, "n": 2}, 400, "n"),
         ({"messages": ok, "temperature": -1}, 400, "temperature"),
-        ({"messages": ok, "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"messages": ok, "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": ok, "stream": True}, 400, "stream"),
         ({"messages": [{"role": "user", "content": "word " * 5000}]}, 413, "messages"),
     ]
@@ -214,3 +216,64 @@ async def test_a_client_that_leaves_mid_reply_leaves_a_consistent_record(
         await client(served, key).chat.completions.create(model="policy", messages=ok, max_tokens=4)
         record = served.finish(key)
         assert len(record.calls) == len(left) + 1 and [c.segment for c in record.calls] == list(range(len(left) + 1))
+
+
+async def test_a_max_tokens_over_the_budget_is_clamped_and_any_model_name_is_answered(
+    model_dir: Path, tokenizer: Any, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    """An agent written the usual way (``max_tokens=512``, its own model name) gets the run's reply budget (3
+    here); the reply cut there ends with ``finish_reason: length``, and each clamped call is counted."""
+    async with serving(model_dir, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=3)) as served:
+        key = served.open()
+        agent = client(served, key)
+        ok = [{"role": "user", "content": "Go."}]
+        first = await agent.chat.completions.create(model="gpt-made-up", messages=ok, max_tokens=512)
+        second = await agent.chat.completions.create(model="x", messages=ok, max_completion_tokens=10_000)
+        within = await agent.chat.completions.create(model="policy", messages=ok, max_tokens=2)
+        record = served.finish(key)
+    assert [len(c.reply_ids) for c in record.calls] == [3, 3, 2]  # the tiny model's replies run to the budget
+    assert (
+        first.choices[0].finish_reason == second.choices[0].finish_reason == "length" == record.calls[0].finish_reason
+    )
+    assert first.usage.completion_tokens == 3 and first.model == "policy"
+    assert served.clamped == 2 and within.usage.completion_tokens == 2  # the call within the budget is not counted
+
+
+async def test_the_models_route_lists_the_policy(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    models = await client(endpoint, endpoint.open()).models.list()
+    assert [(m.id, m.object) for m in models.data] == [("policy", "model")]
+
+
+async def test_unknown_routes_and_wrong_methods_answer_openai_style_json(
+    endpoint: AgentEndpoint, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    key = endpoint.open()
+    with pytest.raises(openai.NotFoundError, match="no route POST /episodes/.*/v1/embeddings"):
+        await client(endpoint, key).embeddings.create(model="policy", input="Go.")  # a route the endpoint lacks
+    async with httpx.AsyncClient(base_url=endpoint.base) as http:
+        wrong_method = await http.get(f"/episodes/{key}/v1/chat/completions")
+        nowhere = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Go."}]})
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert "GET is not allowed" in wrong_method.json()["error"]["message"]
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "not_found_error"
+    assert endpoint.finish(key).calls == []
+
+
+async def test_calls_beyond_max_turns_are_refused_naming_the_setting_and_not_recorded(
+    model_dir: Path, tokenizer: Any, client: Callable[..., openai.AsyncOpenAI]
+) -> None:
+    config = EndpointConfig(max_context_tokens=2048, max_tokens=4, max_turns=2)
+    async with serving(model_dir, tokenizer, config) as served:
+        key = served.open()
+        agent = client(served, key)
+        ok = [{"role": "user", "content": "Go."}]
+        for _ in range(2):
+            await agent.chat.completions.create(model="policy", messages=ok)
+        with pytest.raises(openai.BadRequestError, match=r"episode\.max_turns=2"):
+            await agent.chat.completions.create(model="policy", messages=ok)
+        async with httpx.AsyncClient() as http:  # the reward is still taken after the refusal
+            assert (await http.post(served.reward_url(key), json={"reward": 1.0})).status_code == 200
+        record = served.finish(key)
+    assert len(record.calls) == 2 and record.reward == 1.0

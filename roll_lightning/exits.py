@@ -52,6 +52,8 @@ def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = No
                     "another rank's process ended while this one waited for it in a collective (its log says why); "
                     f"this rank stops with it; every step all ranks completed is checkpointed: {_RESUME_HINT}", 1
                 )  # fmt: skip
+            if is_agent_failure(err):
+                fail(f"{err}; fix the agent (run its command by hand to see why), then {_RESUME_HINT}", 1)
             if is_env_failure(err):
                 what = err.detail if isinstance(err, EpisodeFailed) else str(err)  # without the status code's name
                 fail(f"{what}; every completed step is checkpointed: {_RESUME_HINT} once the envs are back", 1)
@@ -73,6 +75,12 @@ def fail(message: str, status: int = 2) -> NoReturn:
 
 def is_env_failure(err: BaseException) -> bool:
     return isinstance(err, (EnvOutage, EpisodesKeepFailing))
+
+
+def is_agent_failure(err: BaseException) -> bool:
+    """The run stopped because the agent program kept failing (lazy lookup: no torch import)."""
+    module = sys.modules.get("roll_lightning.rollout.agent_runner")
+    return module is not None and isinstance(err, module.AgentsKeepFailing)
 
 
 def is_peer_failure(err: BaseException) -> bool:

@@ -10,18 +10,22 @@ import hashlib
 import json
 import os
 import signal
+import sys
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from roll_lightning.env_client.errors import EpisodesKeepFailing
 from roll_lightning.rollout.agent_record import AgentEpisode
 from roll_lightning.rollout.episode import Episode, Turn
 
 if TYPE_CHECKING:  # the endpoint imports starlette and uvicorn
     from roll_lightning.rollout.endpoint import AgentEndpoint
 
-STDERR_TAIL = 2000  # characters of a failed agent's stderr in its error
+STDERR_TAIL = 2000  # characters of a failed agent's stderr in its error ...
+STDERR_LINES = 5  # ... its last lines, joined on one line
+PYTHONS = ("python", "python3")  # a command starting with one of these runs the trainer's own interpreter
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # hosts an endpoint may listen on without a token
 
 
@@ -30,7 +34,8 @@ class AgentCommand:
     """How each episode's agent starts.
 
     Args:
-        command: the program and its arguments.
+        command: the program and its arguments; a first word ``python`` or ``python3`` is the trainer's own
+            interpreter (``sys.executable``, so the agent sees the packages installed with the trainer).
         cwd: its working folder (None: the trainer's).
         env: extra environment variables.
         deadline_s: seconds before the agent is killed.
@@ -57,6 +62,11 @@ class AgentCommand:
         if self.listen not in LOOPBACK and not self.token:
             raise ValueError(f"agent.listen={self.listen!r} is not loopback: set agent.token")
 
+    def argv(self) -> tuple[str, ...]:
+        """The command as started: ``python`` is `sys.executable`, not whichever ``python`` is first on PATH."""
+        first, *rest = self.command
+        return (sys.executable, *rest) if first in PYTHONS else self.command
+
 
 class AgentFailed(RuntimeError):
     """The agent crashed, hung, made no call or reported no reward."""
@@ -64,6 +74,10 @@ class AgentFailed(RuntimeError):
     def __init__(self, reason: Literal["crashed", "hung", "no_calls", "no_reward"], detail: str) -> None:
         super().__init__(f"the agent {reason.replace('_', ' ')}: {detail}")
         self.reason, self.detail = reason, detail
+
+
+class AgentsKeepFailing(EpisodesKeepFailing):
+    """Groups kept being dropped because the agent program failed (not the envs): fix the agent, then resume."""
 
 
 async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episode: Episode) -> Episode:
@@ -79,7 +93,7 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
         "ROLL_TASK": json.dumps(task),
     }
     process = await asyncio.create_subprocess_exec(
-        *agent.command, cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        *agent.argv(), cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
@@ -94,9 +108,14 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
             await process.wait()
         record = endpoint.finish(key)
     if process.returncode != 0:
-        tail = stderr.decode(errors="replace")[-STDERR_TAIL:]
-        raise AgentFailed("crashed", f"exit status {process.returncode}; its stderr ends: {tail}")
+        raise AgentFailed("crashed", f"exit status {process.returncode}; its stderr ends: {stderr_tail(stderr)}")
     return _filled(episode, record)
+
+
+def stderr_tail(stderr: bytes) -> str:
+    """The last lines of an agent's stderr on one line (`` | `` between them), so a run's last line shows them."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines[-STDERR_LINES:])[-STDERR_TAIL:] or "(empty)"
 
 
 def prompt_state(prompt_ids: list[int]) -> str:

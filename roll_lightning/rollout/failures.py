@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from roll_lightning.env_client import EpisodeFailed, EpisodesKeepFailing
-from roll_lightning.rollout.agent_runner import AgentFailed
+from roll_lightning.rollout.agent_runner import AgentFailed, AgentsKeepFailing
 from roll_lightning.rollout.config import RolloutConfig
 from roll_lightning.rollout.lanes import LaneState
 
@@ -48,9 +48,18 @@ class FailurePolicy:
         """Too many dropped groups in a row stop the run."""
         self.counters["groups_failed_in_a_row"] += 1
         if self.counters["groups_failed_in_a_row"] >= self.config.max_failed_groups_in_a_row:
+            dropped = int(self.counters["groups_failed_in_a_row"])
+            if isinstance(self.last_failure, AgentFailed):  # the agent program broke, not an env
+                self._stop(
+                    AgentsKeepFailing(
+                        f"{dropped} groups in a row were dropped because the agent program kept failing; "
+                        f"last: {self.last_failure}"
+                    )
+                )
+                return
             self._stop(
                 EpisodesKeepFailing(
-                    f"{int(self.counters['groups_failed_in_a_row'])} groups in a row were dropped because their "
-                    f"episodes kept failing; last error: {self.last_failure!r}"
+                    f"{dropped} groups in a row were dropped because their episodes kept failing; "
+                    f"last error: {self.last_failure!r}"
                 )
             )

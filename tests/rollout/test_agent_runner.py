@@ -1,7 +1,8 @@
 """Episodes played by the user's own agent program (issue 33): a Python agent on the official `openai` client
 becomes an episode of step rows with the exact ids, log-probs and versions the endpoint recorded, and its reward;
 an agent that crashes, hangs, makes no call or reports no reward fails its episode with the reason, killed if
-it still runs, and the endpoint keeps nothing of it."""
+it still runs, and the endpoint keeps nothing of it. A command starting with `python` runs the trainer's own
+interpreter (issue 47), and a crash's error ends with the last lines of the agent's stderr, on one line."""
 
 from __future__ import annotations
 
@@ -73,3 +74,19 @@ def test_the_command_is_checked() -> None:
     with pytest.raises(ValueError, match="agent.listen='0.0.0.0' is not loopback: set agent.token"):
         AgentCommand(("x",), listen="0.0.0.0")
     assert AgentCommand(("x",), listen="0.0.0.0", advertise="10.0.0.5", token="t").advertise == "10.0.0.5"
+
+
+async def test_python_is_the_trainers_own_interpreter_and_a_crash_shows_the_stderr_last_lines(
+    endpoint: AgentEndpoint,
+) -> None:
+    """``python`` on PATH may be another install without the trainer's packages: the agent gets
+    `sys.executable`. A failed import's traceback comes back as its last lines, on one line."""
+    said = "import sys; print(sys.executable, file=sys.stderr); import no_such_agent_library"
+    with pytest.raises(AgentFailed) as failed:
+        await run_agent_episode(endpoint, AgentCommand(("python", "-c", said)), Episode(0, 0, 1, "agent"))
+    detail = failed.value.detail
+    assert "\n" not in detail and detail.startswith("exit status 1; its stderr ends: ")
+    assert f"{sys.executable} | Traceback" in detail
+    assert detail.endswith("ModuleNotFoundError: No module named 'no_such_agent_library'")
+    assert AgentCommand(("python3", "x.py")).argv() == (sys.executable, "x.py")
+    assert AgentCommand(("/usr/bin/python3", "x.py")).argv() == ("/usr/bin/python3", "x.py")  # a path is kept

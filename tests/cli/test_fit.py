@@ -26,7 +26,7 @@ from support.cli import (
     wait_for_file,
 )
 
-OVERLAYS = {"gpu.yaml"}  # added after an env config, never used alone
+OVERLAYS = {"gpu.yaml", "cpu_two_ranks.yaml"}  # added after an env config, never used alone
 CONFIGS = sorted(c for c in (ROOT / "configs").glob("*.yaml") if c.name not in OVERLAYS)
 # The random tiny model rarely wins, so its groups are flat and their updates skipped (no signal); an entropy
 # bonus gives every batch a gradient, so these runs take real optimiser steps.
@@ -61,6 +61,33 @@ def test_every_shipped_config_parses_and_validates(
     if gpu:
         assert cli.datamodule.engine_config.kind == "vllm" and cli.model.compute_dtype == "bfloat16"
         assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
+
+
+def test_the_two_rank_cpu_overlay_keeps_the_recipe_and_splits_its_episodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`configs/cpu_two_ranks.yaml` after `configs/frozenlake_vllm.yaml`: FSDP2 over two gloo ranks, each playing
+    half the recipe's episodes and held-out boards; everything else is the recipe's."""
+    from roll_lightning.cli import RollLightningCLI
+    from roll_lightning.rollout.datamodule import RolloutDataModule
+    from roll_lightning.training.module import AgentRLModule
+
+    monkeypatch.setenv("ROLL_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    recipe = ["--config", str(ROOT / "configs" / "frozenlake_vllm.yaml"), "--model.model", "tiny"]
+    built = [
+        RollLightningCLI(
+            AgentRLModule, RolloutDataModule, args=[*recipe, *more, "--trainer.logger", "false"], run=False,
+            parser_kwargs={"parser_mode": "omegaconf+"},
+        )
+        for more in ([], ["--config", str(ROOT / "configs" / "cpu_two_ranks.yaml")])
+    ]  # fmt: skip
+    one, two = built
+    assert type(two.trainer.strategy).__name__ == "ModelParallelStrategy" and two.trainer.num_devices == 2
+    assert two.trainer.strategy._process_group_backend == "gloo"
+    assert 2 * two.datamodule.rollout.batch_size == one.datamodule.rollout.batch_size
+    assert 2 * two.datamodule.evaluation.episodes == one.datamodule.evaluation.episodes
+    assert two.datamodule.rollout.episode == one.datamodule.rollout.episode
+    assert two.model.algorithm == one.model.algorithm and two.datamodule.engine_config == one.datamodule.engine_config
 
 
 def test_a_config_may_bring_its_own_step_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

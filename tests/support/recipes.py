@@ -42,6 +42,8 @@ RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config
             ),
         ),
     ),
+    # the GPU recipe's shape (vLLM engine, trajectory rows, weights streamed into vLLM) with SmolLM2, 32 boards
+    "test_the_gpu_recipe_shape_learns_through_vllm": ("frozenlake_vllm.yaml", 10, ("--data.evaluation.episodes", "32")),
     # SmolLM2: 32 held-out boards instead of 64, and smaller micro-batches (less memory beside the suite)
     "test_smollm2_learns_the_answer_format": (
         "frozenlake_llm.yaml",

@@ -92,10 +92,16 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
         "ROLL_REWARD_URL": endpoint.reward_url(key),
         "ROLL_TASK": json.dumps(task),
     }
-    process = await asyncio.create_subprocess_exec(
-        *agent.argv(), cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *agent.argv(), cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as err:  # no such program or folder, not executable: the agent's failure, said in one line
+        endpoint.finish(key)
+        raise AgentFailed(
+            "crashed", f"could not start {agent.argv()[0]!r} in {agent.cwd or os.getcwd()}: {err.strerror}"
+        ) from err
     try:
         async with asyncio.timeout(agent.deadline_s):
             _, stderr = await process.communicate()

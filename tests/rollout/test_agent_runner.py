@@ -48,6 +48,7 @@ async def test_a_python_agent_on_the_openai_client_becomes_an_episode(endpoint: 
         ((sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"), "crashed", "exit status 3"),
         ((sys.executable, "-c", "import time; time.sleep(600)"), "hung", "still running after 1.0 s"),
         ((sys.executable, "-c", "pass"), "no_calls", "without calling the model"),
+        (("no-such-agent-program", "x"), "crashed", "could not start 'no-such-agent-program' in .*: No such file"),
     ],
 )
 async def test_an_agent_that_fails_fails_its_episode_with_the_reason(
@@ -56,8 +57,8 @@ async def test_an_agent_that_fails_fails_its_episode_with_the_reason(
     with pytest.raises(AgentFailed, match=words) as failed:
         await run_agent_episode(endpoint, AgentCommand(command, deadline_s=1.0), Episode(0, 0, 1, "agent"))
     assert failed.value.reason == reason and endpoint.episodes == {}
-    if reason == "crashed":
-        assert "boom" in failed.value.detail
+    if words == "exit status 3":
+        assert failed.value.detail.endswith("its stderr ends: boom")
 
 
 async def test_an_agent_that_reports_no_reward_is_a_failure_not_a_zero(endpoint: AgentEndpoint) -> None:

@@ -1,6 +1,7 @@
 """``fit`` with the user's own agent program beside an env, as users run it (issue 33): an agent written with the
 official `openai` client plays one env's episodes through the policy's chat endpoint, FrozenLake plays the
-other's, both train in one run and it resumes; an agent that keeps crashing stops the run with one line."""
+other's, both train in one run and it resumes; an agent that keeps crashing stops the run with one line that
+blames it."""
 
 from __future__ import annotations
 
@@ -48,12 +49,16 @@ def test_an_openai_client_agent_and_an_env_train_together_and_resume(tmp_path: P
 
 
 def test_an_agent_that_keeps_crashing_stops_the_run_in_one_line(tmp_path: Path) -> None:
-    crash = [sys.executable, "-c", "import sys; sys.exit('no model for me')"]
+    """The line blames the agent, not the envs (issue 47), and ends with its stderr's last lines: here a failed
+    import's traceback."""
+    crash = ["python", "-c", "import sys; print('no model for me', file=sys.stderr); import no_such_agent_library"]
     more = ("--data.rollout.episode_retries", "0", "--data.rollout.max_failed_groups_in_a_row", "1")
     done = fit_tiny(tmp_path, _config(tmp_path / "agents.yaml", crash), 1, *more)
-    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.returncode == 1 and not any(line.startswith("Traceback") for line in done.stderr.splitlines())
     last = done.stderr.strip().splitlines()[-1]
-    assert "the agent crashed" in last and "no model for me" in last, last
+    assert last.startswith("roll_lightning: error: 1 groups in a row were dropped because the agent program kept")
+    assert "the agent crashed" in last and "no model for me | Traceback (most recent call last):" in last, last
+    assert "No module named 'no_such_agent_library'; fix the agent" in last and "envs are back" not in last, last
 
 
 def test_a_group_filter_sorts_agent_groups_as_it_sorts_env_groups(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ class RolloutConfig:
         if self.env_id is not None or self.env_config:
             raise RolloutConfigError(
                 "data.rollout.env_id/env_config and data.rollout.envs are both set: give one env (env_id) or a "
-                "list (envs)"
+                "list (envs); a config that adds envs on top of one with an env (configs/tiny.yaml) sets env_id: null"
             )
         given = [entry.groups for entry in self.envs]
         if all(g is None for g in given):

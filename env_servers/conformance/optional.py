@@ -67,8 +67,9 @@ def check_batch_mixed(s: Suite) -> None:
     expect(len(reply.items) == 1 and len(reply.resets) == 2, "BatchStep with resets must answer both lists")
     expect(_codes(reply.items) == [OK], f"the step item failed: {reply.items[0].status.message}")
     expect(_codes(reply.resets) == [OK, NOT_FOUND], f"reset item codes {_codes(reply.resets)}, want [OK, NOT_FOUND]")
-    plain = t.reset(t.open(), 6)
-    expect(reply.resets[0].observation == plain.observation, "a reset inside BatchStep started another episode")
+    if s.spec.deterministic:  # otherwise the same seed may start another episode by design
+        plain = t.reset(t.open(), 6)
+        expect(reply.resets[0].observation == plain.observation, "a reset inside BatchStep started another episode")
 
 
 def check_stream(s: Suite) -> None:
@@ -89,7 +90,8 @@ def check_stream(s: Suite) -> None:
     for tag in (1, 2, 3):
         got = answers[tag].reset
         expect(CODE[got.status.code] == OK, f"stream reset {tag} failed: {got.status.message}")
-        expect(got.observation == first[tag].observation, "same seed over the stream, a different start")
+        same = got.observation == first[tag].observation or not s.spec.deterministic
+        expect(same, "same seed over the stream, a different start")
     missing = answers[10].step
     expect(CODE[missing.status.code] == NOT_FOUND, "a stream step of an unknown session must carry NOT_FOUND")
     empty = answers[11]

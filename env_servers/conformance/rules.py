@@ -138,6 +138,7 @@ def check_seeds(s: Suite) -> None:
         got = t.reset(session, seed)
         expect(got.seed == seed, f"Reset(seed={seed}) reports seed {got.seed}")
         expect(got.session_id == session, f"Reset echoes session_id {got.session_id!r}, not {session!r}")
+    s.needs_determinism("that an unseeded Reset's reported seed replays its episode (the seeds were echoed)")
     drawn = t.reset(session, None)
     again = t.reset(t.open(), drawn.seed)
     expect(
@@ -192,6 +193,7 @@ def play(t: Target, seed: int, actions: list[str]) -> list[tuple[str, float, boo
 
 
 def check_determinism(s: Suite) -> None:
+    s.needs_determinism("that one seed plays the same episode twice")
     actions = [s.spec.example_action] * 3
     for seed in (0, 7, 2**40 + 3):
         a, b = play(s.t, seed, actions), play(s.t, seed, actions)
@@ -258,6 +260,7 @@ def check_action_size_limit(s: Suite) -> None:
 def check_deadline(s: Suite) -> None:
     # A 1 µs deadline may expire anywhere, or not at all; either way the retry must give exactly the undisturbed
     # answer (the step ran once, or not yet).
+    s.needs_determinism("that a step retried after its deadline equals an undisturbed step of the same seed")
     t = s.t
     for seed in range(10):
         reference = t.open()

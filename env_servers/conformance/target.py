@@ -127,6 +127,12 @@ class Suite:
     launched: Any = None  # --launch's process
     loading_states: list[str] = field(default_factory=list)
 
+    def needs_determinism(self, what: str) -> None:
+        """Skip a rule that compares two runs of one seed: an env that declares ``deterministic: false`` may
+        differ between them by design."""
+        if not self.spec.deterministic:
+            raise Skipped(f"the env declares deterministic: false, so {what} cannot be checked")
+
     def needs(self, capability: str) -> None:
         if capability not in self.info.capabilities:
             offered = list(self.info.capabilities)

@@ -2,10 +2,13 @@
 
 - ``crashy``: a step whose action contains "crash" raises inside the env (the item must fail INTERNAL).
 - ``slow``: each step sleeps ``delay_s`` seconds and counts how often it really ran (for deadline/replay tests).
+- ``dice``: declares ``deterministic: false`` and ignores its seed (as OpenEnv's chess does).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -103,3 +106,22 @@ class SlowLoadEnv(_CounterEnv):
         if not LOADING.wait(timeout=30):
             raise TimeoutError("slowload was never released")
         super().__init__(config)
+
+
+@register("dice", CounterConfig)
+class DiceEnv(_CounterEnv):
+    """Each observation is a fresh roll that no seed fixes, and the spec says so (``deterministic: false``)."""
+
+    env_id = "dice"
+
+    @classmethod
+    def describe(cls, config: CounterConfig) -> EnvSpec:
+        return dataclasses.replace(super().describe(config), deterministic=False)
+
+    def reset(self, seed: int, options: Any = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed, options)
+        return f"rolled {random.SystemRandom().random()}", {"seed": seed}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        _, reward, done, truncated, info = super().step(action)
+        return f"rolled {random.SystemRandom().random()}", reward, done, truncated, info

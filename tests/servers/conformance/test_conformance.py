@@ -154,3 +154,17 @@ def test_adapter_envs_conform(module: str, env_id: str) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+def test_an_env_that_declares_deterministic_false_skips_the_rules_that_replay_a_seed(subprocess_env: None) -> None:
+    """``dice`` ignores its seed, as it declares: the seed, determinism and deadline rules say why they skipped,
+    and every other rule still runs (before, those three failed)."""
+    launch = " ".join([*SERVE, "dice", "--import", "support.plugin_envs", "--port", "{port}", *SMALL])
+    results, report = run(None, "dice", launch=launch, garbage="")
+    assert not outcomes(results, "FAIL"), report
+    replaying = {"seeds", "determinism", "deadline"}
+    assert outcomes(results, "SKIP") == replaying | {"garbage-reply", "env-crash", "auth"}, report
+    for name in replaying:
+        assert results[name].detail.startswith("the env declares deterministic: false, so "), report
+    assert "the seeds were echoed" in results["seeds"].detail
+    assert {"batch-mixed", "stream", "replay", "drain"} <= outcomes(results, "PASS"), report

@@ -369,7 +369,7 @@ class AgentRLModule(L.LightningModule):
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
-        self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics))
+        self.log("step", float(self.steps_done), batch_size=len(batch.episode_metrics), sync_dist=True)
         if "eval/success_rate" in metrics and self.trainer.state.fn == "fit":
             self._report_eval(self._reduced(metrics))
         elif "eval/success_rate" in metrics and self.trainer.state.fn == "validate":

@@ -172,6 +172,9 @@ def _probe(cls: type[TextArenaEnv], make_kwargs: str) -> _Probe:
     them (or `_EXAMPLES`) that the game accepts at seed 0."""
     env = cls(TextArenaConfig(make_kwargs=make_kwargs))
     env.rng.run(env.env.reset, num_players=1, seed=1)
+    state = type(env.env.state)
+    if not issubclass(state, _import_textarena().state.SinglePlayerState):  # some N-player games take 1, then hang
+        raise AssertionError(f"it keeps a {state.__name__}")
     other = _rules_of(env._news())
     env.rng.run(env.env.reset, num_players=1, seed=0)
     rules = _rules_of(env._news())
@@ -209,6 +212,8 @@ def refusal(env_id: str, exc: BaseException) -> str:
         return f"'{env_id}': the installed textarena package lacks a data file the game reads ({exc.filename})"
     if isinstance(exc, RuntimeError) and "NLTK" in text:
         return text
+    if isinstance(exc, LookupError) and not isinstance(exc, (KeyError, IndexError)):  # NLTK's missing resource
+        return _missing_data(env_id[len(PREFIX) :], exc)
     return f"'{env_id}': the adapter cannot play it: it raised {type(exc).__name__}({text[:120]!r})"
 
 

@@ -68,7 +68,10 @@ class RunProgress(ProgressBar):
         if isinstance(data, RolloutDataModule):
             lanes = data.rollout.lanes
             envs = lanes[0].env_id if len(lanes) == 1 else " + ".join(f"{x.tag} ({x.groups} groups)" for x in lanes)
-            text += f" on {envs}, {data.rollout.batch_size} episodes per rollout step"
+            per_rank, ranks = data.rollout.batch_size, trainer.world_size
+            text += f" on {envs}, {per_rank} episodes per rollout step"
+            if ranks > 1:  # each rank plays its own groups
+                text += f" on each of {ranks} ranks ({per_rank * ranks} in all)"
         if module.rollout_steps_limit:
             text += f", {module.rollout_steps_limit} steps"
         left = _seconds_left(trainer)

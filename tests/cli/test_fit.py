@@ -109,6 +109,7 @@ def test_two_ranks_train_each_with_its_own_vllm_engine(tmp_path: Path) -> None:
     metrics = logged_metrics(root)
     assert metrics["step"] == 4 and metrics["sync/policy_version"] == 4  # every update reached the engines
     assert "held-out success" in done.stdout and "after 4 rollout steps" in done.stdout
+    assert "8 episodes per rollout step on each of 2 ranks (16 in all)" in done.stdout
 
 
 def test_a_config_may_bring_its_own_step_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

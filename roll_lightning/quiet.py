@@ -33,11 +33,37 @@ KNOWN_WARNINGS: list[tuple[type[Warning], str, str]] = [
 # Lightning's info lines (logging, not warnings) that advertise services rather than describe the run.
 KNOWN_NOTICES: list[str] = [r"^💡 Tip: "]
 
+# vLLM's warnings that describe what the engine does on purpose: (message regex, why it does not apply)
+KNOWN_VLLM_NOTICES: list[tuple[str, str]] = [
+    (
+        r"^Attempted to load weight \S+ with dtype torch\.float32 into parameter with dtype",
+        "the engine runs in data.engine.dtype from the trainer's float32 weights; vLLM casts them (once per tensor "
+        "at start-up: a line per tensor)",
+    ),
+    (
+        r"^(RotaryEmbedding|ParallelLMHead): Failed to load weights$",
+        "at every weight sync: rotary embeddings have no weights, and a tied output head is the embedding, repacked "
+        "after the load (VLLMEngine._reload)",
+    ),
+]
+
 
 class _DropNotices(logging.Filter):
+    def __init__(self, patterns: list[str] | None = None) -> None:
+        super().__init__()
+        self.patterns = KNOWN_NOTICES if patterns is None else patterns
+
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not any(re.search(pattern, message) for pattern in KNOWN_NOTICES)
+        return not any(re.search(pattern, message) for pattern in self.patterns)
+
+
+def silence_vllm_notices() -> None:
+    """Drop `KNOWN_VLLM_NOTICES` from vLLM's handlers (vLLM sets its logging up when imported)."""
+    patterns = [pattern for pattern, _why in KNOWN_VLLM_NOTICES]
+    for handler in logging.getLogger("vllm").handlers:
+        if not any(isinstance(f, _DropNotices) and f.patterns == patterns for f in handler.filters):
+            handler.addFilter(_DropNotices(patterns))
 
 
 def silence_known_noise() -> None:

@@ -177,3 +177,20 @@ async def test_a_weight_load_replaces_the_model_and_its_cached_prefixes(
     finally:  # the module's engine goes on with the original weights
         original = AutoModelForCausalLM.from_pretrained(smollm, dtype=torch.float32).state_dict()
         await engine.load_weights(original, version=0)
+
+
+def test_vllm_notices_that_describe_intended_behaviour_are_dropped(engine: RecordingVLLMEngine) -> None:
+    """Once an engine exists, vLLM's handlers drop its per-tensor dtype notes and the per-sync "Failed to load
+    weights" of rotary embeddings and the tied head (`quiet.KNOWN_VLLM_NOTICES`), and nothing else."""
+    import logging
+
+    handlers = logging.getLogger("vllm").handlers
+    assert handlers
+
+    def shown(message: str) -> bool:
+        record = logging.LogRecord("vllm.model_executor", logging.WARNING, __file__, 1, message, None, None)
+        return all(handler.filter(record) for handler in handlers)
+
+    assert not shown("ParallelLMHead: Failed to load weights")
+    assert not shown("Attempted to load weight norm.weight with dtype torch.float32 into parameter with dtype x")
+    assert shown("Qwen2Attention: Failed to load weights") and shown("libtcmalloc is not found in LD_PRELOAD")

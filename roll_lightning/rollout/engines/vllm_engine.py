@@ -59,12 +59,15 @@ class VLLMEngine(ThreadedEngine):
         from vllm import EngineArgs, LLMEngine
         from vllm.v1.executor import Executor
 
+        from roll_lightning.quiet import silence_vllm_notices
+
         args = engine_args(model, config, device, seed)
         self.on_cpu = on_cpu
         self.cuda_index = cuda_index(device)
         self.cpu_threads = cpu_threads or _torch_threads()
         with _ENGINE_LOCK:
-            vllm_config = EngineArgs(**args).create_engine_config()
+            vllm_config = EngineArgs(**args).create_engine_config()  # sets vLLM's logging up
+            silence_vllm_notices()
             pin_device(vllm_config, device)
             executor = Executor.get_class(vllm_config)
             self.engine = LLMEngine(vllm_config=vllm_config, executor_class=executor, log_stats=False)

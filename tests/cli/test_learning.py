@@ -64,6 +64,20 @@ def test_the_cpu_recipe_learns_frozenlake(learning_recipes: dict[str, Recipe]) -
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first) + 0.15
 
 
+def check_the_format_is_learned(recipe: Recipe, train_share: float) -> list[dict[str, str]]:
+    """A SmolLM2 recipe's format margins: held-out invalid replies from at least 50% to at least 30 points lower at
+    the end, and the median of the last three training steps under ``train_share`` of the first two steps' mean.
+    Returns the training rows."""
+    _, train, stdout = recipe.result()
+    invalid = [float(x) / 100 for x in re.findall(r"held-out success .*; invalid replies ([\d.]+)%", stdout)]
+    assert len(invalid) == 2, stdout[-3000:]  # before the first update and after the last
+    before, after = invalid
+    assert before >= 0.5 and after <= before - 0.30, (invalid, recipe.diagnosis())
+    first, last = train[:2], train[-3:]
+    assert median("rollout/invalid_action_rate", last) < train_share * mean("rollout/invalid_action_rate", first)
+    return train
+
+
 def test_smollm2_learns_the_answer_format(learning_recipes: dict[str, Recipe]) -> None:
     """`configs/frozenlake_llm.yaml` (a pretrained chat model, the strict ``<answer>`` format, GiGPO on step rows)
     cut to its first 12 rollout steps, on 32 held-out boards. In the benchmark runs the untrained model's
@@ -74,13 +88,7 @@ def test_smollm2_learns_the_answer_format(learning_recipes: dict[str, Recipe]) -
     Margins: held-out invalid replies at least 30 points lower at the end, and the median of the last three
     training steps under half the first two steps' mean. (Play improves later, beyond a CI budget:
     docs/benchmarks.md.)"""
-    _, train, stdout = learning_recipes["test_smollm2_learns_the_answer_format"].result()
-    invalid = [float(x) / 100 for x in re.findall(r"held-out success .*; invalid replies ([\d.]+)%", stdout)]
-    assert len(invalid) == 2, stdout[-3000:]  # before the first update and after the last
-    before, after = invalid
-    assert before >= 0.5 and after <= before - 0.30, invalid
-    first, last = train[:2], train[-3:]
-    assert median("rollout/invalid_action_rate", last) < 0.5 * mean("rollout/invalid_action_rate", first)
+    check_the_format_is_learned(learning_recipes["test_smollm2_learns_the_answer_format"], train_share=0.5)
 
 
 def test_the_gpu_recipe_shape_learns_through_vllm(learning_recipes: dict[str, Recipe]) -> None:
@@ -92,13 +100,9 @@ def test_the_gpu_recipe_shape_learns_through_vllm(learning_recipes: dict[str, Re
     (0.38 of it). Margins: held-out invalid replies at least 30 points lower at the end, the median of the last
     three training steps under 0.6 of the first two steps' mean, and the trainer-engine log-prob gap under 0.1
     (the run warns above it) at every step."""
-    _, train, stdout = learning_recipes["test_the_gpu_recipe_shape_learns_through_vllm"].result()
-    invalid = [float(x) / 100 for x in re.findall(r"held-out success .*; invalid replies ([\d.]+)%", stdout)]
-    assert len(invalid) == 2, stdout[-3000:]  # before the first update and after the last
-    before, after = invalid
-    assert before >= 0.5 and after <= before - 0.30, invalid
-    first, last = train[:2], train[-3:]
-    assert median("rollout/invalid_action_rate", last) < 0.6 * mean("rollout/invalid_action_rate", first)
+    train = check_the_format_is_learned(
+        learning_recipes["test_the_gpu_recipe_shape_learns_through_vllm"], train_share=0.6
+    )
     # the engine samples from the trainer's weights after every sync: bf16 on both sides measures ~0.03
     assert max(float(r["train/logprob_gap"]) for r in train if r["train/logprob_gap"]) < 0.1
 

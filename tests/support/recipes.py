@@ -56,12 +56,6 @@ RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config
             "true",
         ),
     ),
-    # SmolLM2: 32 held-out boards instead of 64, and smaller micro-batches (less memory beside the suite)
-    "test_smollm2_learns_the_answer_format": (
-        "frozenlake_llm.yaml",
-        12,
-        ("--data.evaluation.episodes", "32", "--model.algorithm.max_tokens_per_micro", "1024"),
-    ),
 }
 LOWEST_PRIORITY = 19  # nice value: the recipes get the CPU only when the rest of the suite leaves it idle
 HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started it is hung, not slow

@@ -71,9 +71,7 @@ class StepCheckpoint(ModelCheckpoint):
                 stale.unlink(missing_ok=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        resumed_from = trainer.ckpt_path
-        last = Path(self.dirpath or checkpoint_dir(trainer)) / LAST
-        resumed = resumed_from is not None and Path(resumed_from).resolve() == last.resolve()
+        resumed = _resumed_from(trainer, Path(self.dirpath or checkpoint_dir(trainer)) / LAST)
         self._held = _rollout_steps(trainer, pl_module) if resumed else None
         self._training, self._before_evaluation = True, False
 
@@ -132,8 +130,12 @@ class StepCheckpoint(ModelCheckpoint):
 
     def _known_good(self, trainer: L.Trainer, last: Path) -> bool:
         """``last`` is this run's write or its verified resume point, so a damaged one never replaces previous."""
-        resumed_from = trainer.ckpt_path
-        return self._wrote_last or (resumed_from is not None and Path(resumed_from).resolve() == last.resolve())
+        return self._wrote_last or _resumed_from(trainer, last)
+
+
+def _resumed_from(trainer: L.Trainer, last: Path) -> bool:
+    """Whether this fit resumed from ``last``."""
+    return trainer.ckpt_path is not None and Path(trainer.ckpt_path).resolve() == last.resolve()
 
 
 def _rollout_steps(trainer: L.Trainer, pl_module: L.LightningModule) -> int:

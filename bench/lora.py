@@ -10,10 +10,11 @@
   after the first. Peak RSS = the process's ``ru_maxrss`` once training is done (model load included, no engine
   yet); optimiser state = the bytes of every tensor in AdamW's state.
 - Then the worker builds each engine of ``--engines`` on the model folder and syncs the trained actor into it
-  ``--syncs`` times as `WeightSync` does (`sync_actor`: full weights streamed in buckets; LoRA: the merged weights
-  into the transformers engine, the adapters alone into vLLM, built with ``max_lora_rank``); sync time = the
-  median wall time of those calls; sync bytes = what crossed. After the last sync the engine answers one prompt
-  greedily and its log-probs are compared with the trainer's (``gap``): the sync must have moved the policy.
+  ``--syncs`` times as a publish does (`policy_update`, `load_update`: full weights streamed in buckets; LoRA:
+  the merged weights into the transformers engine, the adapters alone into vLLM, built with ``max_lora_rank``);
+  sync time = the median wall time of those calls; sync bytes = what crossed. After the last sync the engine
+  answers one prompt greedily and its log-probs are compared with the trainer's (``gap``): the sync must have
+  moved the policy.
 - With vLLM, one more process measures generation: the same LoRA policy (B ~ N(0, 1e-3)) served by vLLM as
   adapters (applied per request) and as merged weights, 16 concurrent 32-token replies (temperature 1),
   ``--gen-rounds`` rounds after one warm-up; tokens/s, median.
@@ -74,7 +75,6 @@ def worker(cfg: dict[str, Any], out: Path) -> None:
     from roll_lightning.models.smollm import smollm2_path
     from roll_lightning.training import LoraConfig, OptimConfig
     from roll_lightning.training.module import AgentRLModule
-    from roll_lightning.training.weight_sync import sync_actor
 
     torch.set_num_threads(cfg["threads"])
     model = smollm2_path()
@@ -109,19 +109,19 @@ def worker(cfg: dict[str, Any], out: Path) -> None:
     }
     module.actor.eval()
     for kind in cfg["engines"]:
-        result["syncs"][kind] = sync_engine(kind, model, module.actor, lora.rank, cfg["syncs"], tokenizer, sync_actor)
+        result["syncs"][kind] = sync_engine(kind, model, module.actor, lora.rank, cfg["syncs"], tokenizer)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.write_text(json.dumps(result))
 
 
-def sync_engine(
-    kind: str, model: Path, actor: Any, rank: int, syncs: int, tokenizer: Any, sync_actor: Any
-) -> dict[str, Any]:
+def sync_engine(kind: str, model: Path, actor: Any, rank: int, syncs: int, tokenizer: Any) -> dict[str, Any]:
     """``syncs`` weight syncs of ``actor`` into a fresh engine of ``kind``; their times, bytes and the final gap."""
     import torch
 
     from roll_lightning.rollout.engines import SamplingParams
     from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
+    from roll_lightning.rollout.handover import load_update, takes_adapters
+    from roll_lightning.training.weights import policy_update
 
     config = EngineConfig(kind=kind, max_lora_rank=rank, max_model_len=1024, kv_cache_gib=0.5, device="cpu")
     engine = build_engine(config, model)
@@ -130,7 +130,8 @@ def sync_engine(
     for version in range(1, syncs + 1):
         with RssPeak() as peak:
             t0 = time.perf_counter()
-            stats = sync_actor(actor, engine, version, 256 * 2**20, loop.call)
+            update = policy_update(actor, adapters=takes_adapters(engine), bucket_bytes=256 * 2**20)
+            stats = load_update(engine, update, version, loop.call)
             times.append(time.perf_counter() - t0)
         sizes.append(stats["bytes"])
         memory.append(peak.delta / 2**20)

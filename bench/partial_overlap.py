@@ -4,7 +4,7 @@ A model-free training loop over ``--devices`` simulated devices (4 by default). 
 ``--slots`` replies at once, each taking ``--reply-s`` seconds (`DeviceEngine`: `SimulatedEngine`, a scheduling
 stand-in, behind a per-device semaphore); the update is ``--train-work`` device-seconds of work, so it takes
 ``train_work / n`` seconds on n devices. Putting a replica to sleep or waking it costs ``--swap-s``. The three
-ways to use the devices, each doing what the callbacks do (`GPUHandoff`, `WeightSync`):
+ways to use the devices, each doing what the callbacks do (pause and publish, `rollout/handover.py`):
 
 - ``colocated``: every device generates; when a batch is in, generation is suspended and every replica sleeps,
   the update runs on all devices, then the replicas wake and load the new weights.
@@ -124,15 +124,15 @@ async def train_loop(pool: EnvPool, tokenizer: Any, args: argparse.Namespace, mo
             batch = await scheduler.get_batch()
             t1 = time.perf_counter()
             aborted = 0
-            if mode == "colocated":  # GPUHandoff: generation stops, every replica frees its device
+            if mode == "colocated":  # pause: generation stops, every replica frees its device
                 await scheduler.suspend()
                 await router.sleep()
-            elif mode == "partial":  # GPUHandoff: the training half steps aside, the other half generates on
+            elif mode == "partial":  # pause: the training half steps aside, the other half generates on
                 aborted = (await scheduler.shrink_sampler(["train"]))["aborted"]
             await asyncio.sleep(args.train_work / n_train)  # the update
             if mode == "partial":
                 await scheduler.expand_sampler(["train"])
-            await scheduler.suspend()  # WeightSync: no reply from half-loaded weights
+            await scheduler.suspend()  # publish: no reply from half-loaded weights
             if mode == "colocated":
                 await router.wake()
             await router.load_weights({}, version=step + 1)

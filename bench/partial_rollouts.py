@@ -1,8 +1,8 @@
 """Partial rollouts at sync time (issue 18): ``data.rollout.on_suspend: wait`` vs ``abort``, side by side.
 
 A training loop without a model: each step takes a batch from the `RolloutScheduler`, "trains" for ``--train-s``
-seconds (a sleep), then does what `WeightSync` does: suspend, load weights (a new policy version), resume. In the
-``colocated`` scenario it also suspends right after the rollout, as `GPUHandoff` does before the engine sleeps;
+seconds (a sleep), then does what a publish does: suspend, load weights (a new policy version), resume. In the
+``colocated`` scenario it also suspends right after the rollout, as pause does before the engine sleeps;
 ``disaggregated`` generation goes on during the update. The engine is `SimulatedEngine` (a scheduling stand-in,
 no model; any number of replies in flight take the same time) with long replies, in two profiles:
 
@@ -48,7 +48,7 @@ from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
 
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 # (name, colocate, max_staleness): disaggregated generation runs during training, bounded by the staleness;
-# colocated generation is suspended for the whole update (GPUHandoff) and runs one batch ahead.
+# colocated generation is suspended for the whole update (pause) and runs one batch ahead.
 SCENARIOS = {
     "disaggregated": (False, 2),
     "colocated": (True, 1),
@@ -110,12 +110,12 @@ async def train_loop(
             batch = await scheduler.get_batch()
             t1 = time.perf_counter()
             aborted_before = scheduler.counters["turns_aborted"]
-            if colocate:  # GPUHandoff.to_training: generation stops while the policy trains
+            if colocate:  # pause: generation stops while the policy trains
                 await scheduler.suspend()
             t2 = time.perf_counter()
             await asyncio.sleep(args.train_s)  # the update
             t3 = time.perf_counter()
-            await scheduler.suspend()  # WeightSync: no reply from half-loaded weights
+            await scheduler.suspend()  # publish: no reply from half-loaded weights
             t4 = time.perf_counter()
             await engine.load_weights({}, version=step + 1)
             await scheduler.resume()
@@ -197,12 +197,12 @@ def markdown(res: dict[str, Any]) -> str:
         "## Partial rollouts at sync time: `on_suspend: wait` vs `abort` (issue 18)",
         "",
         f"`{res['command']}` ({res['wall_s'] / 60:.1f} min): a model-free training loop (a batch, a "
-        f"{a['train_s']} s update, then suspend, load, resume as `WeightSync` does) with `SimulatedEngine`, "
+        f"{a['train_s']} s update, then suspend, load, resume as a publish does) with `SimulatedEngine`, "
         f"Sokoban 6x6 episodes of {a['turns']} turns, {a['groups']} groups of {a['group_size']} per batch; "
         f"{a['steps']} steps per variant, the first {a['warmup']} not counted; `wait` and `abort` run at the same "
         "time in one process. Reply times: `uniform` 1-2 s each; `long-tail` 0.05-0.15 s, 3% of them 2-3 s. "
         "Disaggregated (`data.colocate: false`, max_staleness 2): generation goes on during the update; colocated "
-        "(max_staleness 1): it is also suspended for the update (`GPUHandoff`). Step time = batch wait + update + "
+        "(max_staleness 1): it is also suspended for the update (pause). Step time = batch wait + update + "
         "suspends + load; the mean is what throughput sees (the steps alternate between short and long ones, so "
         "the median alone can mislead).",
         "",

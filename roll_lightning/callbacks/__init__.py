@@ -1,19 +1,9 @@
-"""Callbacks a config adds: trajectory dumps, progress, the end summary, the dashboard. The module's own
-(weight sync, GPU handoff) live in `roll_lightning.training` and are re-exported here."""
+"""Callbacks a config adds: trajectory dumps, progress, the end summary, the dashboard. The step's own handover
+(engine sleep, weight sync) is no callback: `AgentRLModule.training_step` asks the rollout for it."""
 
 from roll_lightning.callbacks.dashboard import HeadlineDashboard
 from roll_lightning.callbacks.progress import RunProgress
 from roll_lightning.callbacks.summary import RunSummary
 from roll_lightning.callbacks.trajectories import TrajectoryDump
-from roll_lightning.training.gpu_handoff import GPUHandoff
-from roll_lightning.training.weight_sync import WeightSync, full_state_dict
 
-__all__ = [
-    "GPUHandoff",
-    "HeadlineDashboard",
-    "RunProgress",
-    "RunSummary",
-    "TrajectoryDump",
-    "WeightSync",
-    "full_state_dict",
-]
+__all__ = ["HeadlineDashboard", "RunProgress", "RunSummary", "TrajectoryDump"]

@@ -23,6 +23,7 @@ from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig,
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
 from roll_lightning.rollout.engines.placement import TRAIN
+from roll_lightning.rollout.handover import Handover
 from roll_lightning.rollout.loop import RolloutLoop
 from roll_lightning.rollout.metrics import fault_totals
 from roll_lightning.rollout.scheduler import RolloutScheduler
@@ -71,6 +72,7 @@ class RolloutDataModule(L.LightningDataModule):
         evaluation.rollout(rollout)  # fails now on a bad evaluation list
         self.engine: GenerationEngine | None = None
         self.scheduler: RolloutScheduler | None = None
+        self.handover: Handover | None = None  # the training side's turns with the engine, once set up
         self.tokenizer: Any = None
         self.vision: ImageEncoder | None = None  # None: a text-only model
         self.servers: EnvServers | None = None
@@ -119,6 +121,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.scheduler = RolloutScheduler(
             pools, self.engine, self.tokenizer, self.rollout, rank=rank, world_size=world, vision=self.vision
         )
+        self.handover = Handover(self.engine, self.scheduler, self.call, self.colocate)
         if self._pending_state is not None:
             self.scheduler.load_state_dict(self._pending_state)
         if self.loop is not None and self.loop.world_stop is not None:
@@ -149,7 +152,7 @@ class RolloutDataModule(L.LightningDataModule):
             log.exception("rollout teardown")
         self.loop.close()
         self.loop = None
-        self.scheduler = self.engine = self.servers = None
+        self.scheduler = self.engine = self.servers = self.handover = None
 
     async def _stop(self) -> None:
         if self._watch is not None:
@@ -305,12 +308,13 @@ class SetUpRollout(RolloutDataModule):
 
     engine: GenerationEngine
     scheduler: RolloutScheduler
+    handover: Handover
 
 
 def rollout_of(trainer: L.Trainer) -> SetUpRollout | None:
-    """The run's set-up rollout (the callbacks' way to the engine), or None."""
+    """The run's set-up rollout, or None."""
     data = trainer.datamodule
-    if isinstance(data, RolloutDataModule) and data.engine is not None and data.scheduler is not None:
+    if isinstance(data, RolloutDataModule) and data.handover is not None:
         return data  # type: ignore[return-value]
     return None
 

@@ -73,7 +73,7 @@ def merged_entries(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     from peft.tuners.lora import LoraLayer
     from peft.utils import transpose
 
-    from roll_lightning.training.weight_sync import state_entries
+    from roll_lightning.training.weights import state_entries
 
     layers = {f"{name}.base_layer.weight": m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     for name, value in state_entries(model):

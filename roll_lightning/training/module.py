@@ -7,6 +7,7 @@ zero-weight passes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -22,15 +23,18 @@ from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
 from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.datamodule import rollout_of
+from roll_lightning.rollout.handover import HandoffPlan, Handover
 from roll_lightning.settings import check
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
+from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.eval_report import EvalPrinter, EvalReport, FitRecord
 from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
-from roll_lightning.training.gpu_handoff import GPUHandoff
 from roll_lightning.training.sharding import shard_fsdp2
-from roll_lightning.training.weight_sync import WeightSync
+from roll_lightning.training.weights import policy_update
+
+log = logging.getLogger(__name__)
 
 MAXIMA = frozenset({"is_weight_max"})  # step value: the largest, not the mean
 # train/logprob_gap above this (nats per reply token) means the engine samples from other weights than the
@@ -92,8 +96,9 @@ class AgentRLModule(L.LightningModule):
         self.critic: ValueModel | None = None
         self.reference: torch.nn.Module | None = None
         self.steps_done = 0  # rollout batches trained on
-        self.handoff = GPUHandoff()
-        self.weight_sync = WeightSync(bucket_bytes=sync_bucket_bytes)
+        self.sync_bucket_bytes = int(sync_bucket_bytes)
+        self.device_ops: DeviceOps = TorchDeviceOps()  # a seam: tests take the CUDA branches on a CPU
+        self.handover: Handover | None = None  # the rollout's engine turns (`setup`); None without a rollout
         self.fit_record = FitRecord()
         self._measure_gap = False
         self._gap_warned = False
@@ -143,33 +148,80 @@ class AgentRLModule(L.LightningModule):
 
     # -- the step ------------------------------------------------------------------------------------
 
+    def setup(self, stage: str) -> None:
+        rollout = rollout_of(self.trainer)
+        self.handover = rollout.handover if rollout is not None else None
+
     def training_step(self, dataloader_iter: Iterator[Any]) -> None:
-        """1. optimiser state off the device; 2. the rollout, pulled here, never ahead of the weights; 3. the
-        engine sleeps; 4. the update; 5. the engine wakes; 6. weight sync; 7. metrics."""
-        self.handoff.before_rollout(self.trainer, self)  # 1
+        """1. optimiser state off the device while the engine generates; 2. the rollout, pulled here, never ahead of
+        the weights; 3. pause: the engine steps aside, the optimiser state comes back; 4. the update; 5. publish:
+        the new weights into the engine; 6. metrics, logged once."""
+        plan = self._handoff_plan()
+        self._move_optimizer_state(plan, "cpu")  # 1
         started = time.perf_counter()
         batch, _, _ = next(dataloader_iter)  # 2
         rollout_s = time.perf_counter() - started
-        self.handoff.to_training(self.trainer, self, batch)  # 3
+        metrics = self._pause(plan)  # 3
         batch = batch.to(self.device)
         self.fit_record.last_batch, self.fit_record.last_row_advantages = batch, None
         started = time.perf_counter()
         autocast = self.compute_dtype == "bfloat16" and self.device_mesh is None  # FSDP2 casts by itself
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-            metrics = self.update(batch)  # 4
+            metrics.update(self.update(batch))  # 4
         metrics["timing/train_s"] = time.perf_counter() - started
         metrics["timing/rollout_wait_s"] = rollout_s
         metrics.update({k: v for k, v in batch.metrics.items()})
         metrics["timing/step_s"] = rollout_s + metrics["timing/train_s"]
         self.steps_done += 1
-        self.handoff.to_generation(self.trainer, self)  # 5
-        self.weight_sync.after_update(self.trainer, self)  # 6
+        metrics.update(self._publish())  # 5
         metrics["timing/elapsed_s_total"] = time.perf_counter() - self.fit_record.started
-        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))  # 7
+        self.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, batch_size=len(batch))  # 6
         # loggers read their x axis from "step"
         self.log("step", float(self.steps_done), on_step=True, batch_size=len(batch))
         if self.stopping:
             self.trainer.should_stop = True
+
+    # -- the engine's turns (rollout.handover) -------------------------------------------------------
+
+    def _handoff_plan(self) -> HandoffPlan | None:
+        if self.handover is None:
+            return None
+        return self.handover.plan(torch.device(self.device_ops.device(self)).type)
+
+    def _move_optimizer_state(self, plan: HandoffPlan | None, device: torch.device | str) -> None:
+        if plan is not None and plan.offload_optimizer:
+            for optimizer in self.trainer.optimizers:
+                self.device_ops.move_optimizer_state(optimizer, device)
+
+    def _pause(self, plan: HandoffPlan | None) -> dict[str, float]:
+        """The engine sleeps (or its `train` replicas shrink); the optimiser state comes back."""
+        if self.handover is None or plan is None or not plan.pauses:
+            return {}  # disaggregated: generation goes on
+        started = time.perf_counter()
+        device = str(self.device_ops.device(self))
+        out = self.handover.pause(plan, self.device_ops.free_memory, device)
+        self._move_optimizer_state(plan, self.device_ops.device(self))
+        if plan.synchronize:
+            self.device_ops.synchronize()
+        out["timing/handoff_s"] = time.perf_counter() - started
+        return out
+
+    def _publish(self) -> dict[str, float]:
+        """The actor's weights into the engine as this policy version (`Handover.publish`)."""
+        if self.handover is None or self.actor is None:
+            return {}
+        adapters = self.handover.takes_adapters
+        update = policy_update(self.actor, adapters=adapters, bucket_bytes=self.sync_bucket_bytes)
+        return self.handover.publish(update, self.policy_version)
+
+    def _catch_up(self) -> None:
+        """A restored checkpoint reaches the engine before it plays (every rank decides alike)."""
+        if self.handover is not None and self.handover.engine_version != self.policy_version:
+            behind = self.handover.engine_version
+            self._publish()
+            log.warning("the engine had policy version %d; loaded the restored %d", behind, self.policy_version)
+
+    # -- the update ----------------------------------------------------------------------------------
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """All optimiser steps for one rollout batch; a batch with no signal is skipped."""
@@ -364,7 +416,7 @@ class AgentRLModule(L.LightningModule):
         return out * batch.response_mask
 
     def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
-        """Held-out episodes as ``eval/*``, played here, after `WeightSync` caught up."""
+        """Held-out episodes as ``eval/*``, played here, after `on_validation_start` caught the engine up."""
         batch, _, _ = next(dataloader_iter)
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
@@ -379,8 +431,12 @@ class AgentRLModule(L.LightningModule):
             report = EvalReport.of(self.steps_done, self._reduced(metrics), 0.0, None, episodes)
             rank_zero_info(report.validate_line())
 
+    def on_validation_start(self) -> None:
+        self._catch_up()
+
     def on_train_start(self) -> None:
-        """Evaluate at step 0 if ``data.evaluation.at_fit_start``."""
+        """The engine catches up with a restored checkpoint; evaluate at step 0 if ``data.evaluation.at_fit_start``."""
+        self._catch_up()
         self.fit_record.begin(self.steps_done)
         rollout = rollout_of(self.trainer)
         if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
@@ -412,10 +468,6 @@ class AgentRLModule(L.LightningModule):
     @property
     def stopping(self) -> bool:
         return self.rollout_steps_limit is not None and self.steps_done >= self.rollout_steps_limit
-
-    def configure_callbacks(self) -> list[L.Callback]:
-        """A config cannot drop these."""
-        return [self.handoff, self.weight_sync]
 
     @property
     def policy_version(self) -> int:

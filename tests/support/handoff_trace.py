@@ -17,7 +17,6 @@ from typing import Any
 import lightning as L
 import torch
 
-from roll_lightning.callbacks import GPUHandoff
 from roll_lightning.rollout.engines import EngineRouter
 
 
@@ -54,8 +53,7 @@ class TraceHandoff(L.Callback):
         self.ops = RecordingDeviceOps(self.events)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        (handoff,) = [cb for cb in trainer.callbacks if isinstance(cb, GPUHandoff)]
-        handoff.ops = self.ops
+        pl_module.device_ops = self.ops
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         engine = trainer.datamodule.engine

@@ -3,7 +3,7 @@ through the CLI, 1 and 2 ranks) performs exactly the planned moves and calls in 
 taken through a recording `DeviceOps` stand-in (tests/support/handoff_trace.py).
 
 CUDA-only branches and where each is covered on a CPU:
-- `GPUHandoff` (optimiser state to CPU and back, `torch.cuda.synchronize`, engine sleep): here, by the recording
+- the module's handoff (optimiser state to CPU and back, `torch.cuda.synchronize`, engine sleep): here, by the recording
   `DeviceOps` pretending to be CUDA; `TorchDeviceOps.move_optimizer_state` itself by a test below (CPU tensors).
 - `TransformersEngine.sleep/wake` on CUDA (`model.to("cpu")`, `torch.cuda.empty_cache()`): not reachable on a
   CPU (the engine's device is real); the wrapping is recorded here; bench/gpu_check.py runs it on a GPU.
@@ -11,8 +11,9 @@ CUDA-only branches and where each is covered on a CPU:
   refuses sleep mode; the engine's decisions run against a recording stand-in for vLLM's sleep API and the CUDA
   engine arguments are checked (tests/rollout/test_vllm_sleep_mode.py); bench/gpu_check.py measures the memory
   it frees with `torch.cuda.mem_get_info`.
-- `WeightSync` on a CUDA engine (buckets on the trainer's device, no CPU copy): the same code on CPU tensors
-  (tests/training/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device copy only on a GPU.
+- the weight sync (`Handover.publish`) on a CUDA engine (buckets on the trainer's device, no CPU copy): the same
+  code on CPU tensors (tests/training/test_weight_buckets.py, FSDP2 over gloo included); the device-to-device
+  copy only on a GPU.
 - Placing each in-process vLLM engine on its GPU (`vllm_engine.pin_device`, the worker thread's
   `torch.cuda.set_device`; a bare `cuda` resolves to the rank's training GPU): the decisions are pure and tested in
   tests/rollout/test_partial_overlap.py; that vLLM then runs there, under Lightning's process group, only
@@ -36,8 +37,8 @@ import torch
 from support.cli import TINY, TWO_RANKS, run_cli
 from support.handoff_trace import RecordingDeviceOps
 
+from roll_lightning.rollout.handover import HandoffPlan, plan_handoff
 from roll_lightning.training.device_ops import TorchDeviceOps
-from roll_lightning.training.gpu_handoff import HandoffPlan, plan_handoff
 
 STEPS = 2
 
@@ -101,7 +102,7 @@ COLOCATED_STEP = [
     "optimizer_state_to:cuda",
     "synchronize",
     "optimizer.step:cuda",  # AdamW steps with its state beside the parameters
-    "engine.wake",  # WeightSync: wake, then load the new weights
+    "engine.wake",  # publish: wake, then load the new weights
     "engine.load_weights",
 ]
 
@@ -159,7 +160,7 @@ PARTIAL_STEP = [
     "optimizer_state_to:cuda",
     "synchronize",
     "optimizer.step:cuda",
-    "engine.expand",  # after the update, before WeightSync's load
+    "engine.expand",  # after the update, before publish's load
     "train.wake",
     "engine.load_weights",  # both replicas get the new weights; the expanded one serves only after that
 ]

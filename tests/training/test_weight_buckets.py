@@ -1,4 +1,4 @@
-"""Weights streamed in buckets from the trainer's tensors into the engines (`WeightSync`, `BucketFeed`): the same
+"""Weights streamed in buckets from the trainer's tensors into the engines (`Handover.publish`, `BucketFeed`): the same
 model as the full-dict load, every tensor once, buckets within their size, every replica gets every bucket, the
 engine keeps its own copy, and a failure on either side ends the stream instead of hanging it."""
 
@@ -18,13 +18,8 @@ from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams
 from roll_lightning.rollout.engines.base import BucketFeed, Weights, iter_buckets
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
-from roll_lightning.training.weight_sync import (
-    bucketed,
-    full_state_dict,
-    stream_weights,
-    tensor_bytes,
-    weight_buckets,
-)
+from roll_lightning.rollout.handover import feed_buckets
+from roll_lightning.training.weights import bucketed, full_state_dict, tensor_bytes, weight_buckets
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0)
 
@@ -49,7 +44,7 @@ def _teacher_forced(model: torch.nn.Module, prompt: list[int], reply: list[int])
 
 
 async def _stream(engine: Any, trainer: torch.nn.Module, bucket_bytes: int, version: int) -> dict[str, float]:
-    """What `WeightSync` does: the buckets are made on one thread while the engine loads them."""
+    """What a publish does: the buckets are made on one thread while the engine loads them."""
     feed = BucketFeed()
 
     async def load() -> None:
@@ -58,7 +53,8 @@ async def _stream(engine: Any, trainer: torch.nn.Module, bucket_bytes: int, vers
         finally:
             feed.stop()
 
-    stats, _ = await asyncio.gather(asyncio.to_thread(stream_weights, trainer, feed, bucket_bytes), load())
+    made = asyncio.to_thread(lambda: feed_buckets(weight_buckets(trainer, bucket_bytes), feed))
+    stats, _ = await asyncio.gather(made, load())
     return stats
 
 
@@ -298,7 +294,8 @@ import asyncio, json, sys, threading
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
-from roll_lightning.training.weight_sync import stream_weights
+from roll_lightning.rollout.handover import feed_buckets
+from roll_lightning.training.weights import weight_buckets
 from roll_lightning.rollout.engines.base import BucketFeed
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.training.sharding import shard_fsdp2
@@ -327,7 +324,7 @@ for name, (path, start) in json.loads(sys.argv[4]).items():
 
     loader = threading.Thread(target=lambda: asyncio.run(load()))
     loader.start()
-    stats = stream_weights(trainer, feed, 20_000)  # the gathers run here, on the main thread, as in WeightSync
+    stats = feed_buckets(weight_buckets(trainer, 20_000), feed)  # the gathers run here, as in a publish
     loader.join(60)
     got = engine.model.state_dict()
     sharded = sum(1 for v in trainer.state_dict().values() if hasattr(v, "full_tensor"))

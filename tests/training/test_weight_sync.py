@@ -1,4 +1,5 @@
-"""After each update the engine generates with the trainer's new weights (`WeightSync`, added by the module)."""
+"""After each update the engine generates with the trainer's new weights (`AgentRLModule._publish`, through
+`Handover.publish`)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def test_engine_generates_with_the_updated_and_the_restored_weights(
 def test_weights_streamed_in_small_buckets_reach_the_engine(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    """`WeightSync` with buckets far smaller than the model (many buckets per sync): after every update the
+    """The weight sync with buckets far smaller than the model (many buckets per sync): after every update the
     engine's greedy reply and log-probs are the trainer's; the sync logs its buckets and bytes."""
     model = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
     from transformers import AutoTokenizer

@@ -34,6 +34,7 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "servers/envs/test_board_images.py",
     "servers/envs/test_calculator.py",
     "servers/envs/test_lookup.py",
+    "servers/envs/test_lookup_warmup.py",
     "models/test_tiny_tools.py",
     "servers/envs/test_frozenlake.py",
     "servers/envs/test_sokoban.py",

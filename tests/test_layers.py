@@ -84,6 +84,19 @@ def test_the_env_servers_import_only_the_protocol_stubs_of_the_trainer() -> None
     assert not trainer_imports, "\n".join(trainer_imports)
 
 
+def test_the_trainer_imports_no_env() -> None:
+    """The other direction: nothing in `roll_lightning` imports `env_servers` (it starts env servers, and builds
+    `tiny-tools`' warm-up data, through their commands)."""
+    env_imports = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            env_imports += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] == "env_servers"]
+    assert not env_imports, "\n".join(env_imports)
+
+
 def test_the_architecture_table_names_every_part() -> None:
     table = (ROOT / "docs" / "architecture.md").read_text().split("## Where each part lives", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`(roll_lightning/[\w/]+?|env_servers/[\w/]+?)/?(?:\.py)?`", table))

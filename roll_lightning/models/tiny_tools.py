@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from roll_lightning.models.tiny import MESSAGES_TEMPLATE, build_tiny_model, build_tokenizer, cache_name, cached_build
 
-SYSTEM_PROMPT = "Answer the question with tool calls."
 # a line per tool: Qwen2.5's JSON schemas would fill two thirds of every prompt
 CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n' }}"
@@ -27,58 +27,18 @@ CHAT_TEMPLATE = (
     "{% endif %}" + MESSAGES_TEMPLATE
 )
 RECIPE_VERSION = 1
-RIGHT_CALL = 0.5  # how often the warm-up policy looks up the asked box
 BATCH, LR = 16, 3e-3  # conversations per update; peak learning rate, decayed linearly to 0
-ENV_CONFIG = {"max_steps": 3, "boxes": 9}  # as configs/lookup.yaml
 
 
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    """One call as the Hermes format writes it."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def _reply(rng: random.Random, box: int, code: str | None) -> str:
-    """The warm-up policy, which knows the format and not the task."""
-    if rng.random() < 0.5:
-        return call_text("answer", {"code": int(code) if code else rng.randint(10, 99)})
-    return call_text("lookup", {"box": box if rng.random() < RIGHT_CALL else rng.randint(1, ENV_CONFIG["boxes"])})
-
-
-def episodes(n: int, seed: int) -> list[list[dict[str, str]]]:
-    """``n`` conversations with the real lookup env, as the trainer's messages."""
-    from env_servers.api import Action, ToolCall
-    from env_servers.envs.lookup import LookupConfig, LookupEnv
-
-    rng, env = random.Random(seed), LookupEnv(LookupConfig(**ENV_CONFIG))
-    out = []
-    for _ in range(n):
-        observation, info = env.reset(rng.randrange(2**31))
-        messages, code = [{"role": "system", "content": SYSTEM_PROMPT}], None
-        for turn in range(ENV_CONFIG["max_steps"]):
-            messages.append({"role": "user", "content": observation})
-            reply = _reply(rng, info["box"], code)
-            messages.append({"role": "assistant", "content": reply})
-            call = json.loads(reply.split("\n")[1])
-            arguments = json.dumps(call["arguments"])
-            obs, _, done, truncated, _ = env.step(Action(reply, (ToolCall(f"call_{turn}_0", call["name"], arguments),)))
-            for r in obs.tool_results:
-                messages.append({"role": "tool", "content": r.content, "name": r.name, "tool_call_id": r.call_id})
-                if r.name == "lookup" and not r.is_error:
-                    code = r.content
-            if done or truncated:
-                break
-            observation = obs.text
-        out.append(messages)
-    return out
-
-
-def lookup_tools() -> list[dict[str, Any]]:
-    from env_servers.envs.lookup import TOOLS
-
-    return [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-        for t in TOOLS
-    ]
+def warmup_data(n: int, seed: int) -> tuple[list[dict[str, Any]], list[list[dict[str, str]]]]:
+    """The lookup env's tool specs and ``n`` scripted conversations with it (`env_servers.envs.lookup_warmup`), made
+    by the env servers' own command: the trainer imports no env."""
+    command = [sys.executable, "-m", "env_servers.envs.lookup_warmup", str(n), "--seed", str(seed)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"tiny-tools: {' '.join(command[1:])} failed: {done.stderr.strip()[-2000:]}")
+    data = json.loads(done.stdout)
+    return data["tools"], data["conversations"]
 
 
 def build_tiny_tools_model(out_dir: str | Path, *, seed: int = 0, steps: int = 1500) -> Path:
@@ -86,17 +46,17 @@ def build_tiny_tools_model(out_dir: str | Path, *, seed: int = 0, steps: int = 1
     import torch
     from transformers import AutoModelForCausalLM
 
-    tools = lookup_tools()
+    tools, conversations = warmup_data(400, seed=10_000)
     plain = build_tokenizer(512)  # renders the corpus the tool tokenizer is trained on
     plain.chat_template = CHAT_TEMPLATE
-    corpus = [plain.apply_chat_template(m, tools=tools, tokenize=False) for m in episodes(400, seed=10_000)]
+    corpus = [plain.apply_chat_template(m, tools=tools, tokenize=False) for m in conversations]
     tokenizer = build_tokenizer(1024, corpus=corpus)
     tokenizer.chat_template = CHAT_TEMPLATE
     out = build_tiny_model(out_dir, seed=seed, hidden_size=128, num_heads=4, vocab_size=1024)
     tokenizer.save_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     model.resize_token_embeddings(-(-len(tokenizer) // 64) * 64)
-    rows = [_masked(tokenizer, m, tools) for m in episodes(steps * BATCH, seed=seed)]
+    rows = [_masked(tokenizer, m, tools) for m in warmup_data(steps * BATCH, seed=seed)[1]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     for step in range(steps):

@@ -1,44 +1,22 @@
-"""``tiny-tools``' warm-up data: conversations with the real lookup env, in the trainer's message layout, whose
-replies the hermes parser reads as the calls that were played, and which know the call format but not the task."""
+"""``tiny-tools``' warm-up: its data comes from the env servers' command, and only the replies are trained on."""
 
 from __future__ import annotations
 
-import json
-
+from env_servers.envs.lookup_warmup import conversations, tool_specs
 from roll_lightning.models.tiny import build_tokenizer
-from roll_lightning.models.tiny_tools import RIGHT_CALL, SYSTEM_PROMPT, _masked, episodes, lookup_tools
-from roll_lightning.rollout.tool_calls import HermesParser
+from roll_lightning.models.tiny_tools import _masked, warmup_data
 
 
-def test_the_warm_up_conversations_are_well_formed_calls_chosen_without_the_task() -> None:
-    conversations = episodes(400, seed=1)
-    assert conversations == episodes(400, seed=1)  # the same model from the same seed
-    asked_box, first_calls, answers_after_lookup = 0, 0, []
-    for messages in conversations:
-        assert messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
-        box = int(messages[1]["content"].removeprefix("What is the code of box ").removesuffix("?"))
-        roles = [m["role"] for m in messages[1:]]
-        assert roles[:3] == ["user", "assistant", "tool"] and roles.count("assistant") <= 3
-        last_code = None
-        for k, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            (call,) = HermesParser().parse(message["content"])
-            arguments = json.loads(call.arguments)
-            if k == 2 and call.name == "lookup":
-                first_calls += 1
-                asked_box += arguments["box"] == box
-            if call.name == "answer" and last_code is not None:
-                answers_after_lookup.append(str(arguments["code"]) == last_code)
-            if call.name == "lookup":
-                last_code = messages[k + 1]["content"]
-    assert abs(asked_box / first_calls - (RIGHT_CALL + (1 - RIGHT_CALL) / 9)) < 0.1  # the box: no better than told
-    assert answers_after_lookup and all(answers_after_lookup)  # an answer gives the last code it read
+def test_the_warm_up_data_comes_from_the_env_servers_command() -> None:
+    """The trainer imports no env: `warmup_data` runs ``python -m env_servers.envs.lookup_warmup`` and gets what
+    the env module makes in-process."""
+    tools, played = warmup_data(5, seed=2)
+    assert tools == tool_specs() and played == conversations(5, seed=2)
 
 
 def test_only_the_replies_are_trained_on() -> None:
-    tokenizer, tools = build_tokenizer(512), lookup_tools()
-    messages = episodes(1, seed=3)[0]
+    tokenizer, tools = build_tokenizer(512), tool_specs()
+    messages = conversations(1, seed=3)[0]
     ids, mask = _masked(tokenizer, messages, tools)
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     trained = tokenizer.decode(ids[mask.bool()])

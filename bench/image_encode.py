@@ -20,7 +20,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from env_servers.envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv  # noqa: E402
 from roll_lightning.env_client.session import ObservationImage  # noqa: E402
 from roll_lightning.models.resolve import resolve_model  # noqa: E402
-from roll_lightning.rollout.vision import ImageEncoder  # noqa: E402
+from roll_lightning.rollout.prompts.vision import ImageEncoder  # noqa: E402
 
 
 def step_pictures() -> list[bytes]:

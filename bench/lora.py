@@ -52,8 +52,8 @@ def synthetic_batch(rows: int, prompt: int, reply: int, vocab: int, pad_id: int)
     """``rows`` one-turn trajectory rows in groups of 4 (random ids; rewards 1, 0, 1, 0 so every group has signal)."""
     import random
 
-    from roll_lightning.rollout.batch import collate
-    from roll_lightning.rollout.episode import Episode, Turn
+    from roll_lightning.rollout.episodes.batch import collate
+    from roll_lightning.rollout.episodes.episode import Episode, Turn
 
     rng = random.Random(0)
     episodes = []

@@ -44,10 +44,10 @@ from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run, footer  # noqa: E402
 from env_servers.server import EnvServer, ServerConfig  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
-from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
+from roll_lightning.rollout.config.rollout import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams, SimulatedEngine  # noqa: E402
-from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
-from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
+from roll_lightning.rollout.episodes.episode import EpisodeSettings  # noqa: E402
+from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler  # noqa: E402
 
 REPLIES = ("<answer>Left</answer>", "<answer>Up</answer>", "<answer>Down</answer>", "<answer>Right</answer>")
 MODES = ("colocated", "disaggregated", "partial")

@@ -54,11 +54,11 @@ from bench.support.models import bench_tiny_model  # noqa: E402
 from bench.support.results import Run  # noqa: E402
 from roll_lightning.env_client import EnvPool  # noqa: E402
 from roll_lightning.env_client.local import LocalServer, launch_local_server  # noqa: E402
-from roll_lightning.rollout.config import RolloutConfig  # noqa: E402
+from roll_lightning.rollout.config.rollout import RolloutConfig  # noqa: E402
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine  # noqa: E402
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine  # noqa: E402
-from roll_lightning.rollout.episode import EpisodeSettings  # noqa: E402
-from roll_lightning.rollout.scheduler import RolloutScheduler  # noqa: E402
+from roll_lightning.rollout.episodes.episode import EpisodeSettings  # noqa: E402
+from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler  # noqa: E402
 
 SIM_REPLIES = (
     "<answer>Left</answer>",

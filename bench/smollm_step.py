@@ -57,7 +57,7 @@ def recipe_prompt(tokenizer: Any) -> list[int]:
     import yaml
 
     from env_servers.envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv
-    from roll_lightning.rollout.chat import fresh_prompt
+    from roll_lightning.rollout.prompts.chat import fresh_prompt
 
     episode = yaml.safe_load(RECIPE.read_text())["data"]["rollout"]["episode"]
     prompt = episode["prompt"]

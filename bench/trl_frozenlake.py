@@ -12,11 +12,11 @@ the prompt side (``env_mask`` 0), as in ours.
 
 The same model (``tiny-words``: Llama, hidden 64, 2 layers, 22-token vocabulary, random init, from
 `roll_lightning.models.resolve`), the same env (our FrozenLake server, launched locally, with the recipe's config
-``configs/frozenlake_learn.yaml``), the same boards (`roll_lightning.rollout.ledger.group_seed`: group ``g`` of the
-run seed plays ``group_seed(seed, g, "train")``, even; the 128 held-out boards are ``group_seed(seed, i, "eval")``,
-odd) and the same budget in wall-clock minutes. roll_lightning is used only as a library: the env server and its
-async client, the model builder, the seed function, and the chat rendering (`rollout.chat.TokenHistory`, so every
-token id matches what our trainer builds).
+``configs/frozenlake_learn.yaml``), the same boards (`roll_lightning.rollout.scheduling.ledger.group_seed`: group ``g``
+of the run seed plays ``group_seed(seed, g, "train")``, even; the 128 held-out boards are
+``group_seed(seed, i, "eval")``, odd) and the same budget in wall-clock minutes. roll_lightning is used only as a
+library: the env server and its async client, the model builder, the seed function, and the chat rendering
+(`rollout.prompts.chat.TokenHistory`, so every token id matches what our trainer builds).
 
 How the episode loop fits TRL. `GRPOTrainer` plays multi-turn episodes only through tool calls, which a
 22-word model cannot write, so the loop is a ``rollout_func`` (trl/trainer/grpo_trainer.py:258, called at :2210).
@@ -114,8 +114,8 @@ import torch  # noqa: E402
 from roll_lightning.env_client import EnvPool, EnvSession  # noqa: E402
 from roll_lightning.env_client.local import launch_local_server  # noqa: E402
 from roll_lightning.models.resolve import resolve_model  # noqa: E402
-from roll_lightning.rollout.ledger import group_seed  # noqa: E402
-from roll_lightning.rollout.loop import RolloutLoop  # noqa: E402
+from roll_lightning.rollout.runtime.loop import RolloutLoop  # noqa: E402
+from roll_lightning.rollout.scheduling.ledger import group_seed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.trl_recipe import CLIP, EpisodeResult, PlayTimes, Recipe, play_episodes  # noqa: E402

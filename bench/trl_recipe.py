@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from roll_lightning.env_client import EnvSession
-from roll_lightning.rollout.chat import TokenHistory
 from roll_lightning.rollout.engines.base import stop_string_end
+from roll_lightning.rollout.prompts.chat import TokenHistory
 
 CLIP = 0.2  # the ppo loss's default clip_low / clip_high (neither recipe sets them)
 

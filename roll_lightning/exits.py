@@ -79,13 +79,13 @@ def is_env_failure(err: BaseException) -> bool:
 
 def is_agent_failure(err: BaseException) -> bool:
     """The run stopped because the agent program kept failing (lazy lookup: no torch import)."""
-    module = sys.modules.get("roll_lightning.rollout.agent_runner")
+    module = sys.modules.get("roll_lightning.rollout.agents.runner")
     return module is not None and isinstance(err, module.AgentsKeepFailing)
 
 
 def is_peer_failure(err: BaseException) -> bool:
     """Another rank failed and this one stopped with it (lazy lookup: no torch import)."""
-    module = sys.modules.get("roll_lightning.rollout.world_stop")
+    module = sys.modules.get("roll_lightning.rollout.runtime.world_stop")
     return module is not None and isinstance(err, module.PeerRankFailed)
 
 

@@ -70,6 +70,47 @@ def test_every_import_goes_down_the_house() -> None:
     assert not upward, "\n".join(upward)
 
 
+ROLLOUT_FLOORS: list[set[str]] = [  # the rooms of roll_lightning/rollout, bottom first (docs/architecture.md)
+    {"prompts", "errors"},  # prompt tokens, pictures, tool calls; the config error
+    {"engines"},  # vLLM, transformers, replicas
+    {"episodes"},  # one episode, its rows, a batch
+    {"agents"},  # the user's agent program and its endpoint
+    {"groups"},  # a group, the queue, the filters
+    {"config"},  # the rollout's settings
+    {"scheduling"},  # the producer and its parts
+    {"handover", "runtime"},  # the engine's turns around an update; the loop thread, signals, env servers
+    {"datamodule"},
+]
+
+
+def test_every_import_goes_down_the_rollouts_rooms() -> None:
+    """Inside `roll_lightning/rollout/` each room (a subpackage, or a module of its own) imports only rooms on
+    lower floors, so each reads on its own and there is no cycle between rooms."""
+    rollout = PACKAGE / "rollout"
+
+    def room(module: str) -> str:
+        return module.split(".")[2] if module.count(".") >= 2 else "__init__"
+
+    def floor(name: str) -> int:
+        found = [i for i, rooms in enumerate(ROLLOUT_FLOORS) if name in rooms]
+        assert found, f"roll_lightning/rollout/{name} is on no floor: add it to ROLLOUT_FLOORS"
+        return found[0]
+
+    upward = []
+    for path in sorted(rollout.rglob("*.py")):
+        here = path.relative_to(rollout).parts[0].removesuffix(".py")
+        if here == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("roll_lightning.rollout."):
+                other = room(node.module)
+                if other != here and floor(other) >= floor(here):
+                    upward.append(f"{path.relative_to(ROOT)} ({here}, floor {floor(here)}) imports {node.module}")
+    assert not upward, "\n".join(upward)
+    rooms = {p.name.removesuffix(".py") for p in rollout.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert rooms - {"__init__"} == set().union(*ROLLOUT_FLOORS)
+
+
 def test_every_part_has_a_floor() -> None:
     parts = {part_of(p) for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     for part in parts - {"__init__"}:

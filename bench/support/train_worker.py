@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.episode import Episode, Turn
+from roll_lightning.rollout.episodes.batch import RolloutBatch, collate
+from roll_lightning.rollout.episodes.episode import Episode, Turn
 from roll_lightning.training import AlgorithmConfig
 
 # -- the synthetic multi-turn batch ----------------------------------------------------------------------

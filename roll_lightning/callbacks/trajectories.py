@@ -18,9 +18,9 @@ from typing import Any
 
 import lightning as L
 
-from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.episode import Episode
-from roll_lightning.rollout.vision import PromptImage
+from roll_lightning.rollout.episodes.batch import RolloutBatch
+from roll_lightning.rollout.episodes.episode import Episode
+from roll_lightning.rollout.prompts.vision import PromptImage
 
 log = logging.getLogger(__name__)
 

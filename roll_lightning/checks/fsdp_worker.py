@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from roll_lightning.checks.handmade import Repeat, handmade_batch
 from roll_lightning.exits import close_process_group
-from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig
 from roll_lightning.training.module import AgentRLModule
 

@@ -221,7 +221,7 @@ async def _vision_gap(model_dir: Path, device: str) -> tuple[float, list[int]]:
     from roll_lightning.rollout.engines import SamplingParams
     from roll_lightning.rollout.engines.factory import EngineConfig
     from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
-    from roll_lightning.rollout.vision import ImageEncoder, Prompt, model_inputs, vision_token_ids
+    from roll_lightning.rollout.prompts.vision import ImageEncoder, Prompt, model_inputs, vision_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encoder = ImageEncoder.load(model_dir, tokenizer)

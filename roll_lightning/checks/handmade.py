@@ -13,9 +13,9 @@ from typing import Any
 import lightning as L
 import torch
 
-from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.chat import TokenHistory
-from roll_lightning.rollout.episode import Episode, Turn
+from roll_lightning.rollout.episodes.batch import RolloutBatch, collate
+from roll_lightning.rollout.episodes.episode import Episode, Turn
+from roll_lightning.rollout.prompts.chat import TokenHistory
 
 GOOD, BAD = "<answer>Left</answer>", "<answer>Right</answer>"
 

@@ -18,19 +18,26 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from roll_lightning.env_client import EnvOutage
 from roll_lightning.env_client.errors import EpisodesKeepFailing
-from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.config import EnvsConfig, EvalConfig, RolloutConfig, RolloutConfigError
+from roll_lightning.rollout.config.envs import LaneSpec
+from roll_lightning.rollout.config.rollout import EnvsConfig, EvalConfig, RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
 from roll_lightning.rollout.engines.placement import TRAIN
+from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.rollout.handover import Handover
-from roll_lightning.rollout.loop import RolloutLoop
-from roll_lightning.rollout.metrics import fault_totals
-from roll_lightning.rollout.scheduler import RolloutScheduler
-from roll_lightning.rollout.servers import EnvServers
-from roll_lightning.rollout.tags import LaneSpec
-from roll_lightning.rollout.vision import ImageEncoder
-from roll_lightning.rollout.world_stop import FAILED, GO, STOPPING, PeerRankFailed, WorldStop, quiet_lightning_notifier
+from roll_lightning.rollout.prompts.vision import ImageEncoder
+from roll_lightning.rollout.runtime.loop import RolloutLoop
+from roll_lightning.rollout.runtime.servers import EnvServers
+from roll_lightning.rollout.runtime.world_stop import (
+    FAILED,
+    GO,
+    STOPPING,
+    PeerRankFailed,
+    WorldStop,
+    quiet_lightning_notifier,
+)
+from roll_lightning.rollout.scheduling.metrics import fault_totals
+from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler
 
 __all__ = ["EnvsConfig", "EvalConfig", "RolloutDataModule"]
 

@@ -20,7 +20,7 @@ import torch
 
 from roll_lightning.rollout.engines.base import AdapterEngine, BucketFeed, GenerationEngine
 from roll_lightning.rollout.engines.placement import TRAIN
-from roll_lightning.rollout.scheduler import RolloutScheduler
+from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler
 
 Bucket = Sequence[tuple[str, torch.Tensor]]
 Call = Callable[[Coroutine[Any, Any, Any]], Any]  # runs a coroutine on the rollout's loop and waits

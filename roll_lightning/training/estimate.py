@@ -6,8 +6,8 @@ import torch
 
 from roll_lightning.algorithms import AdvantageInputs, Estimator
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
-from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.layout import Layout
+from roll_lightning.rollout.episodes.batch import RolloutBatch
+from roll_lightning.rollout.episodes.layout import Layout
 from roll_lightning.training.config import TrainingConfigError
 
 

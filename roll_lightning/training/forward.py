@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from roll_lightning.algorithms.losses import entropy_from_logits
-from roll_lightning.rollout.batch import RolloutBatch
-from roll_lightning.rollout.vision import model_inputs, vision_token_ids
+from roll_lightning.rollout.episodes.batch import RolloutBatch
+from roll_lightning.rollout.prompts.vision import model_inputs, vision_token_ids
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from roll_lightning.algorithms import Estimator
 from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
-from roll_lightning.rollout.batch import RolloutBatch
 from roll_lightning.rollout.datamodule import rollout_of
+from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.rollout.handover import HandoffPlan, Handover
 from roll_lightning.settings import check
 from roll_lightning.training.batch_adjust import adjuster

@@ -21,8 +21,8 @@ from roll_lightning.callbacks.trajectories import (
     episode_record,
     sample_episodes,
 )
-from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.episodes.batch import RolloutBatch, collate
+from roll_lightning.rollout.episodes.episode import Episode
 from roll_lightning.training.eval_report import FitRecord
 
 

@@ -19,7 +19,7 @@ from support.nodes import TWO_NODES, finish, start_nodes, two_hosts
 
 from env_servers.ports import free_port
 from roll_lightning.env_client.local import launch_local_server
-from roll_lightning.rollout.ledger import group_seed
+from roll_lightning.rollout.scheduling.ledger import group_seed
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 5

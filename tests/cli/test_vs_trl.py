@@ -19,8 +19,8 @@ from roll_lightning.env_client import EnvPool
 from roll_lightning.env_client.local import launch_local_server
 from roll_lightning.models.smollm import smollm2_path
 from roll_lightning.rollout.engines.base import stop_string_end
-from roll_lightning.rollout.ledger import group_seed
-from roll_lightning.rollout.loop import RolloutLoop
+from roll_lightning.rollout.runtime.loop import RolloutLoop
+from roll_lightning.rollout.scheduling.ledger import group_seed
 
 sys.path.insert(0, str(ROOT))
 from bench.trl_recipe import Recipe, play_episodes  # noqa: E402

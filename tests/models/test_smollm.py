@@ -91,7 +91,7 @@ def test_chat_template_renders_chatml(tokenizer: Any) -> None:
 @needs_smollm
 @pytest.mark.parametrize("system", [None, "You play games."])
 def test_token_history_decodes_to_the_rendered_conversation(tokenizer: Any, system: str | None) -> None:
-    from roll_lightning.rollout.chat import TokenHistory, render
+    from roll_lightning.rollout.prompts.chat import TokenHistory, render
 
     eos = tokenizer.eos_token_id
     history = TokenHistory(tokenizer, messages=[{"role": "system", "content": system}] if system else [])

@@ -27,7 +27,7 @@ from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.engines import Generation, SamplingParams, SimulatedEngine
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
-from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.episodes.episode import Episode
 
 MOVES = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>"]
 TURNS = 3  # the slow env truncates after max_steps steps

@@ -20,7 +20,7 @@ import openai
 import pytest
 from support.endpoints import serving
 
-from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+from roll_lightning.rollout.agents.endpoint import AgentEndpoint, EndpointConfig
 
 AGENTS = Path(__file__).resolve().parent.parent / "support" / "agents"
 

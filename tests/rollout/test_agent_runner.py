@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from support.endpoints import serving
 
-from roll_lightning.rollout.agent_runner import AgentCommand, AgentFailed, run_agent_episode
-from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
-from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.agents.endpoint import AgentEndpoint, EndpointConfig
+from roll_lightning.rollout.agents.runner import AgentCommand, AgentFailed, run_agent_episode
+from roll_lightning.rollout.episodes.episode import Episode
 
 AGENT = str(Path(__file__).resolve().parent.parent / "support" / "agents" / "openai_agent.py")
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from roll_lightning.rollout.chat import PromptConfig, TemplateDriftError, TokenHistory, render, renders_tools
-from roll_lightning.rollout.episode import Episode, Turn
-from roll_lightning.rollout.layout import LAYOUTS, STEP, TRAJECTORY, layout_named
+from roll_lightning.rollout.episodes.episode import Episode, Turn
+from roll_lightning.rollout.episodes.layout import LAYOUTS, STEP, TRAJECTORY, layout_named
+from roll_lightning.rollout.prompts.chat import PromptConfig, TemplateDriftError, TokenHistory, render, renders_tools
 
 SYSTEM = {"role": "system", "content": "You play games."}
 

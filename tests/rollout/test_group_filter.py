@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine
-from roll_lightning.rollout.episode import Episode, Turn
-from roll_lightning.rollout.filters import GROUP_FILTERS, FilterKind, GroupFilterConfig, GroupSelection, spread
-from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.episodes.episode import Episode, Turn
+from roll_lightning.rollout.groups.filters import GROUP_FILTERS, FilterKind, GroupFilterConfig, GroupSelection, spread
+from roll_lightning.rollout.groups.queue import Group
 
 MOVES = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>"]
 

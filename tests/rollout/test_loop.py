@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from roll_lightning.rollout.loop import RolloutLoop
+from roll_lightning.rollout.runtime.loop import RolloutLoop
 
 
 @pytest.fixture

@@ -22,11 +22,11 @@ from roll_lightning.algorithms.gigpo import gigpo_advantages
 from roll_lightning.algorithms.grouping import anchor_ids, ids_to_index
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutConfigError, RolloutScheduler, group_seed
-from roll_lightning.rollout.config import EnvsConfig, EvalConfig
+from roll_lightning.rollout.config.envs import salt
+from roll_lightning.rollout.config.rollout import EnvsConfig, EvalConfig
 from roll_lightning.rollout.engines import SamplingParams, SimulatedEngine
-from roll_lightning.rollout.filters import GroupFilterConfig
-from roll_lightning.rollout.servers import EnvServers
-from roll_lightning.rollout.tags import salt
+from roll_lightning.rollout.groups.filters import GroupFilterConfig
+from roll_lightning.rollout.runtime.servers import EnvServers
 
 MOVES = ["<answer>Up</answer>", "<answer>Down</answer>", "<answer>Left</answer>", "<answer>Right</answer>"]
 SOKOBAN = {"tag": "sokoban", "env_id": "sokoban", "env_config": {"dim_room": [6, 6], "num_boxes": 1}}
@@ -210,7 +210,7 @@ def test_each_tag_has_its_own_seeds_and_the_single_env_form_keeps_its_own() -> N
 def test_gigpo_step_groups_never_span_two_envs() -> None:
     """Two envs' episodes with the same group number, seed and board still sit in different step groups: the
     group key starts with the tag."""
-    from roll_lightning.rollout.episode import Episode
+    from roll_lightning.rollout.episodes.episode import Episode
 
     a, b = (Episode(0, 0, 7, "sokoban", tag=t) for t in ("six", "seven"))
     assert a.group_key != b.group_key

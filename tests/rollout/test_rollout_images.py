@@ -16,13 +16,13 @@ from roll_lightning.env_client.session import ObservationImage, ResetOutcome
 from roll_lightning.models.resolve import load_policy
 from roll_lightning.models.tiny_vl import tiny_vl_model
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
-from roll_lightning.rollout.batch import collate
-from roll_lightning.rollout.chat import PromptConfig
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.rollout.engines.vllm_engine import allowed_token_ids, vllm_prompt
-from roll_lightning.rollout.episode import Episode, EpisodeBuilder
-from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, Prompt
+from roll_lightning.rollout.episodes.batch import collate
+from roll_lightning.rollout.episodes.episode import Episode, EpisodeBuilder
+from roll_lightning.rollout.prompts.chat import PromptConfig
+from roll_lightning.rollout.prompts.vision import ImageEncoder, ImageInputError, Prompt
 from roll_lightning.training.forward import policy_forward
 
 PICTURED = {"size": 4, "is_slippery": False, "max_steps": 4, "render": "image"}
@@ -129,7 +129,7 @@ def test_markers_must_match_the_pictures(vl_dir: Path, vl_tokenizer: Any) -> Non
     encoder = ImageEncoder.load(vl_dir, vl_tokenizer)
     assert encoder is not None
     picture = encoder.encode(ObservationImage(_png((200, 10, 10)), "image/png"))
-    from roll_lightning.rollout.vision import tokenize
+    from roll_lightning.rollout.prompts.vision import tokenize
 
     with pytest.raises(ImageInputError, match="holds 2 <image> markers for 1 images"):
         tokenize(vl_tokenizer, "a <image> b <image>", [picture], encoder)
@@ -171,7 +171,7 @@ def test_vllm_never_samples_a_picture_placeholder(vl_dir: Path, model_dir: Path)
 
 def test_vision_tokens_count_toward_the_context_budget(vl_dir: Path, vl_tokenizer: Any) -> None:
     """A 112-pixel square is 16 vision tokens: a budget the text alone fits but not with its picture is refused."""
-    from roll_lightning.rollout.episode import ContextBudgetError
+    from roll_lightning.rollout.episodes.episode import ContextBudgetError
 
     reset = ResetOutcome("ep-1", 1, "<image>", images=(ObservationImage(_png((0, 0, 0), (112, 112)), "image/png"),))
     prompt = PromptConfig(system_prompt="", turn_template="{observation}", instruction_first_turn=False)

@@ -10,9 +10,9 @@ import torch
 
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
-from roll_lightning.rollout.chat import PromptConfig
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+from roll_lightning.rollout.prompts.chat import PromptConfig
 
 
 def _recomputed_logprobs(model_dir: Path, batch: Any, temperature: float) -> torch.Tensor:

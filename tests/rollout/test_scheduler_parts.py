@@ -11,11 +11,11 @@ import pytest
 from roll_lightning.env_client import EpisodesKeepFailing
 from roll_lightning.rollout import RolloutConfig
 from roll_lightning.rollout.engines import Generation, SamplingParams
-from roll_lightning.rollout.episode import Episode
-from roll_lightning.rollout.failures import FailurePolicy
-from roll_lightning.rollout.gate import GenerationGate
-from roll_lightning.rollout.groups import Group, GroupQueue, is_stale
-from roll_lightning.rollout.ledger import GroupLedger, group_seed
+from roll_lightning.rollout.episodes.episode import Episode
+from roll_lightning.rollout.groups.queue import Group, GroupQueue, is_stale
+from roll_lightning.rollout.scheduling.failures import FailurePolicy
+from roll_lightning.rollout.scheduling.gate import GenerationGate
+from roll_lightning.rollout.scheduling.ledger import GroupLedger, group_seed
 
 PARAMS = SamplingParams(max_new_tokens=4)
 
@@ -94,7 +94,7 @@ class _Lane:
     """The two fields of `LaneState` the ledger reads, around a real `GroupSequence`."""
 
     def __init__(self) -> None:
-        from roll_lightning.rollout.ledger import GroupSequence
+        from roll_lightning.rollout.scheduling.ledger import GroupSequence
 
         (self.spec,) = RolloutConfig(env_id="sokoban").lanes
         self.position = 0

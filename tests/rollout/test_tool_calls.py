@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from roll_lightning.rollout.tool_calls import (
+from roll_lightning.rollout.prompts.tool_calls import (
     HermesParser,
     Llama3JsonParser,
     MistralParser,

@@ -15,11 +15,11 @@ from support.servers import start_server
 from env_servers.server import RunningServer
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings
-from roll_lightning.rollout.chat import PromptConfig, render
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.base import Generation
-from roll_lightning.rollout.episode import Episode, EpisodeBuilder, ToolHistoryError
-from roll_lightning.rollout.metrics import tool_metrics
+from roll_lightning.rollout.episodes.episode import Episode, EpisodeBuilder, ToolHistoryError
+from roll_lightning.rollout.prompts.chat import PromptConfig, render
+from roll_lightning.rollout.scheduling.metrics import tool_metrics
 
 
 @pytest.fixture(scope="module")

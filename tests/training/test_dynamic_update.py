@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_module import fit
 
 from roll_lightning.checks.handmade import handmade_batch
-from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.module import AgentRLModule

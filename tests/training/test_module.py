@@ -12,7 +12,7 @@ import torch
 from support.trainers import quiet_trainer
 
 from roll_lightning.checks.handmade import GOOD, FixedBatches, handmade_batch, reply_logprob
-from roll_lightning.rollout.batch import RolloutBatch
+from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.training import AlgorithmConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.module import AgentRLModule
 

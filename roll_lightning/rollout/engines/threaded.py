@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, SamplingParams
-from roll_lightning.rollout.vision import Prompt, images_of
+from roll_lightning.rollout.prompts.vision import Prompt, images_of
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 
 from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets, stop_string_end
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
-from roll_lightning.rollout.vision import images_of, model_inputs, vision_token_ids
+from roll_lightning.rollout.prompts.vision import images_of, model_inputs, vision_token_ids
 
 log = logging.getLogger(__name__)
 

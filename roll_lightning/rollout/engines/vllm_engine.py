@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_weight_pairs
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
-from roll_lightning.rollout.vision import collapsed, images_of, vision_token_ids
+from roll_lightning.rollout.prompts.vision import collapsed, images_of, vision_token_ids
 
 if TYPE_CHECKING:
     from roll_lightning.rollout.engines.factory import EngineConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from env_servers.envs.lookup_warmup import RIGHT_CALL, SYSTEM_PROMPT, conversations
-from roll_lightning.rollout.tool_calls import HermesParser
+from roll_lightning.rollout.prompts.tool_calls import HermesParser
 
 
 def test_the_warm_up_conversations_are_well_formed_calls_chosen_without_the_task() -> None:

@@ -20,7 +20,7 @@ from env_servers.envs.textarena_adapter import TextArenaConfig
 from env_servers.registry import get_env
 from roll_lightning.env_client import EnvPool
 from roll_lightning.rollout import EpisodeSettings
-from roll_lightning.rollout.episode import Episode, EpisodeBuilder
+from roll_lightning.rollout.episodes.episode import Episode, EpisodeBuilder
 
 GUESS, MINES, HANOI = "textarena:GuessTheNumber-v0", "textarena:Minesweeper-v0-small", "textarena:TowerOfHanoi-v0"
 

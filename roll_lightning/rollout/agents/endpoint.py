@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from roll_lightning.rollout.agent_record import AgentCall, AgentEpisode, text_of
-from roll_lightning.rollout.agent_runner import LOOPBACK
-from roll_lightning.rollout.chat import reply_body
-from roll_lightning.rollout.endpoint_errors import RequestError, http_error, server_error
+from roll_lightning.rollout.agents.endpoint_errors import RequestError, http_error, server_error
+from roll_lightning.rollout.agents.record import AgentCall, AgentEpisode, text_of
+from roll_lightning.rollout.agents.runner import LOOPBACK
 from roll_lightning.rollout.engines.base import Generates, SamplingParams
-from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
+from roll_lightning.rollout.prompts.chat import reply_body
+from roll_lightning.rollout.prompts.tool_calls import ToolParser, tool_parser_named
 
 ROLES = ("system", "user", "assistant", "tool")
 SERVED_MODEL = "policy"  # the one model `GET /models` lists; a call's own `model` is not checked (docs/agents.md)

@@ -8,7 +8,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.episodes.episode import Episode
 
 
 def is_stale(version: int, group_version: int, max_staleness: int) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.world_stop import WorldStop
+    from roll_lightning.rollout.runtime.world_stop import WorldStop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from roll_lightning.env_client.session import EnvSession, ResetOutcome, StepOutcome
 from roll_lightning.env_client.tools import ClientToolCall, ClientToolResult, tools_of
-from roll_lightning.rollout.chat import PromptConfig, TokenHistory, fresh_prompt, reply_body
 from roll_lightning.rollout.engines.base import Generates, Generation, SamplingParams
-from roll_lightning.rollout.layout import Layout, layout_named
-from roll_lightning.rollout.vision import ImageEncoder, ImageInputError, Prompt, PromptImage, images_of
+from roll_lightning.rollout.episodes.layout import Layout, layout_named
+from roll_lightning.rollout.prompts.chat import PromptConfig, TokenHistory, fresh_prompt, reply_body
+from roll_lightning.rollout.prompts.vision import ImageEncoder, ImageInputError, Prompt, PromptImage, images_of
 
 LayoutName = Literal["trajectory", "step"]
 EndReason = Literal["terminated", "truncated", "max_turns", "context"]

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import grpc
 
 from roll_lightning.env_client import EpisodeFailed, EpisodesKeepFailing
-from roll_lightning.rollout.agent_runner import AgentFailed, AgentsKeepFailing
-from roll_lightning.rollout.config import RolloutConfig
-from roll_lightning.rollout.lanes import LaneState
+from roll_lightning.rollout.agents.runner import AgentFailed, AgentsKeepFailing
+from roll_lightning.rollout.config.rollout import RolloutConfig
+from roll_lightning.rollout.scheduling.lanes import LaneState
 
 REPLAYED_FAILURES = (EpisodeFailed, TimeoutError, AgentFailed)
 # a session refused for these is a config error, not a fault

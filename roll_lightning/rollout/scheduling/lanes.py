@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from roll_lightning.env_client import EnvPool, EnvSession
-from roll_lightning.rollout.groups import GroupQueue
-from roll_lightning.rollout.ledger import GroupSequence
-from roll_lightning.rollout.tags import LaneSpec
+from roll_lightning.rollout.config.envs import LaneSpec
+from roll_lightning.rollout.groups.queue import GroupQueue
+from roll_lightning.rollout.scheduling.ledger import GroupSequence
 
 
 @dataclass(eq=False)

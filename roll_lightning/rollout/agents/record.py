@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from roll_lightning.rollout.chat import TemplateDriftError, TokenHistory
+from roll_lightning.rollout.prompts.chat import TemplateDriftError, TokenHistory
 
 
 @dataclass(frozen=True)

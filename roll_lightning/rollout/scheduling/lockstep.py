@@ -11,13 +11,13 @@ import time
 from typing import TYPE_CHECKING
 
 from roll_lightning.env_client import EnvOutage, EnvSession
-from roll_lightning.rollout.episode import EpisodeBuilder
-from roll_lightning.rollout.failures import REPLAYED_FAILURES
-from roll_lightning.rollout.filters import GroupSelection
-from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.episodes.episode import EpisodeBuilder
+from roll_lightning.rollout.groups.filters import GroupSelection
+from roll_lightning.rollout.groups.queue import Group
+from roll_lightning.rollout.scheduling.failures import REPLAYED_FAILURES
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.scheduler import RolloutScheduler
+    from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler
 
 
 async def collect_lockstep(scheduler: RolloutScheduler, selections: list[GroupSelection]) -> None:

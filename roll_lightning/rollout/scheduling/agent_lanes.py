@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from roll_lightning.rollout.agent_runner import run_agent_episode
+from roll_lightning.rollout.agents.runner import run_agent_episode
+from roll_lightning.rollout.config.envs import LaneSpec
 from roll_lightning.rollout.engines.base import Generates
-from roll_lightning.rollout.episode import Episode
-from roll_lightning.rollout.tags import LaneSpec
+from roll_lightning.rollout.episodes.episode import Episode
 
 
 class AgentLanes:
@@ -24,7 +24,7 @@ class AgentLanes:
         return await run_agent_episode(await self._endpoint(lane), lane.agent, episode)
 
     async def _endpoint(self, lane: LaneSpec) -> Any:
-        from roll_lightning.rollout.endpoint import AgentEndpoint, EndpointConfig
+        from roll_lightning.rollout.agents.endpoint import AgentEndpoint, EndpointConfig
 
         async with self._lock:
             if lane.tag not in self.endpoints:

@@ -10,10 +10,10 @@ from typing import Any
 
 from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.errors import EndpointRefused, EndpointTlsMismatch
-from roll_lightning.rollout.config import EnvsConfig
-from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, ToolHistoryError
-from roll_lightning.rollout.tags import LaneSpec, RolloutConfigError
-from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
+from roll_lightning.rollout.config.envs import LaneSpec, RolloutConfigError
+from roll_lightning.rollout.config.rollout import EnvsConfig
+from roll_lightning.rollout.episodes.episode import ContextBudgetError, Episode, EpisodeBuilder, ToolHistoryError
+from roll_lightning.rollout.prompts.vision import ImageEncoder, ImageInputError
 
 Endpoints = str | tuple[str, ...]
 

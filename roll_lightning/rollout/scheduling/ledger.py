@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.groups.queue import Group
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.lanes import LaneState
+    from roll_lightning.rollout.scheduling.lanes import LaneState
 
 Split = Literal["train", "eval"]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_lightning.rollout.tool_calls import ToolParser, tool_parser_named
-from roll_lightning.rollout.vision import ImageEncoder, Prompt, PromptImage, tokenize
+from roll_lightning.rollout.prompts.tool_calls import ToolParser, tool_parser_named
+from roll_lightning.rollout.prompts.vision import ImageEncoder, Prompt, PromptImage, tokenize
 
 DEFAULT_SYSTEM_PROMPT = (
     "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game."

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.loop import RolloutLoop
+    from roll_lightning.rollout.runtime.loop import RolloutLoop
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
-from roll_lightning.rollout.episode import Episode
+from roll_lightning.rollout.episodes.episode import Episode
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.scheduler import RolloutScheduler
+    from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler
 
 
 def batch_metrics(

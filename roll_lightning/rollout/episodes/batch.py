@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from roll_lightning.rollout.episode import Episode
-from roll_lightning.rollout.layout import TRAJECTORY, Layout, Row, layout_named
-from roll_lightning.rollout.vision import PromptImage
+from roll_lightning.rollout.episodes.episode import Episode
+from roll_lightning.rollout.episodes.layout import TRAJECTORY, Layout, Row, layout_named
+from roll_lightning.rollout.prompts.vision import PromptImage
 
 TENSOR_FIELDS = (
     "input_ids",

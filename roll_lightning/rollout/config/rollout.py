@@ -7,9 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from roll_lightning.rollout.episode import EpisodeSettings
-from roll_lightning.rollout.filters import GroupFilterConfig
-from roll_lightning.rollout.tags import (
+from roll_lightning.rollout.config.envs import (
     EvalEnv,
     LaneSpec,
     RolloutConfigError,
@@ -18,6 +16,8 @@ from roll_lightning.rollout.tags import (
     resolve,
     split_evenly,
 )
+from roll_lightning.rollout.episodes.episode import EpisodeSettings
+from roll_lightning.rollout.groups.filters import GroupFilterConfig
 from roll_lightning.settings import check, choice
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class RolloutConfig:
             ``openenv:...``, ``mcp:...``; ``python -m env_servers describe ID`` prints its spec and config keys.
         env_config: per-session env config (validated by the server against its schema).
         envs: several envs in one run, instead of ``env_id``/``env_config``: a list of ``{tag, env_id,
-            env_config, groups, episode, endpoints}`` (`rollout.tags.TrainEnv`).
+            env_config, groups, episode, endpoints}`` (`rollout.config.envs.TrainEnv`).
         group_size: episodes per group; all start from the same seed.
         group_redundancy: extra members started per group; the first ``group_size`` to finish are kept.
         batch_size: episodes per `get_batch`; a multiple of ``group_size``.
@@ -57,7 +57,8 @@ class RolloutConfig:
             sleep): ``wait`` lets them finish with the old weights; ``abort`` cancels them and asks those turns
             again after the resume, with the new weights.
         seed: the run's seed; group g's seed is derived from (seed, g), so runs and resumes are reproducible.
-        group_filter: dynamic sampling (`rollout.filters`): ``zero_variance`` or ``top_p_variance``; off by default.
+        group_filter: dynamic sampling (`rollout.groups.filters`): ``zero_variance`` or ``top_p_variance``; off by
+            default.
         episode: layout, max turns, context budget, sampling, prompt rendering.
     """
 
@@ -220,7 +221,7 @@ class EvalConfig:
         at_fit_start: also evaluate once before the first update of a fresh ``fit`` (logged at step 0), so a
             learning curve starts from the untrained policy. Not repeated when a run resumes.
         envs: held-out envs (ROLL's validation tags), e.g. sizes training never plays: a list of ``{tag, env_id,
-            env_config, episodes, episode, endpoints}`` (`rollout.tags.EvalEnv`); metrics per tag under
+            env_config, episodes, episode, endpoints}`` (`rollout.config.envs.EvalEnv`); metrics per tag under
             ``eval/<tag>/...``. Empty: the training envs, ``episodes`` held-out starts each.
     """
 

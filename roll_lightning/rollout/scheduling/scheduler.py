@@ -11,20 +11,20 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from roll_lightning.env_client import EnvOutage, EnvPool, EnvSession, EpisodeFailed
-from roll_lightning.rollout.agent_lanes import AgentLanes
-from roll_lightning.rollout.batch import RolloutBatch, collate
-from roll_lightning.rollout.config import RolloutConfig, RolloutConfigError
+from roll_lightning.rollout.config.rollout import RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.engines.router import EngineRouter
-from roll_lightning.rollout.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
-from roll_lightning.rollout.failures import REFUSED_CONFIG, REPLAYED_FAILURES, FailurePolicy
-from roll_lightning.rollout.filters import GroupSelection, filter_metrics
-from roll_lightning.rollout.gate import GenerationGate
-from roll_lightning.rollout.groups import Group, is_stale
-from roll_lightning.rollout.lanes import LaneState, lane_states
-from roll_lightning.rollout.ledger import GroupLedger, Split, group_seed
-from roll_lightning.rollout.metrics import batch_metrics
-from roll_lightning.rollout.vision import ImageEncoder, ImageInputError
+from roll_lightning.rollout.episodes.batch import RolloutBatch, collate
+from roll_lightning.rollout.episodes.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
+from roll_lightning.rollout.groups.filters import GroupSelection, filter_metrics
+from roll_lightning.rollout.groups.queue import Group, is_stale
+from roll_lightning.rollout.prompts.vision import ImageEncoder, ImageInputError
+from roll_lightning.rollout.scheduling.agent_lanes import AgentLanes
+from roll_lightning.rollout.scheduling.failures import REFUSED_CONFIG, REPLAYED_FAILURES, FailurePolicy
+from roll_lightning.rollout.scheduling.gate import GenerationGate
+from roll_lightning.rollout.scheduling.lanes import LaneState, lane_states
+from roll_lightning.rollout.scheduling.ledger import GroupLedger, Split, group_seed
+from roll_lightning.rollout.scheduling.metrics import batch_metrics
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class RolloutScheduler:
         before = self.engine.stats()
         selections = [GroupSelection(self.filter, k) for k in needed]
         if self.config.mode == "lockstep":
-            from roll_lightning.rollout.lockstep import collect_lockstep
+            from roll_lightning.rollout.scheduling.lockstep import collect_lockstep
 
             await collect_lockstep(self, selections)
         else:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from roll_lightning.env_client.errors import EpisodesKeepFailing
-from roll_lightning.rollout.agent_record import AgentEpisode
-from roll_lightning.rollout.episode import Episode, Turn
+from roll_lightning.rollout.agents.record import AgentEpisode
+from roll_lightning.rollout.episodes.episode import Episode, Turn
 
 if TYPE_CHECKING:  # the endpoint imports starlette and uvicorn
-    from roll_lightning.rollout.endpoint import AgentEndpoint
+    from roll_lightning.rollout.agents.endpoint import AgentEndpoint
 
 STDERR_TAIL = 2000  # characters of a failed agent's stderr in its error ...
 STDERR_LINES = 5  # ... its last lines, joined on one line

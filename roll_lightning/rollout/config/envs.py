@@ -7,16 +7,13 @@ import zlib
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
-from roll_lightning.rollout.agent_runner import AgentCommand
-from roll_lightning.rollout.episode import EpisodeSettings
-from roll_lightning.rollout.layout import LAYOUTS
-from roll_lightning.settings import ConfigError, check
+from roll_lightning.rollout.agents.runner import AgentCommand
+from roll_lightning.rollout.episodes.episode import EpisodeSettings
+from roll_lightning.rollout.episodes.layout import LAYOUTS
+from roll_lightning.rollout.errors import RolloutConfigError
+from roll_lightning.settings import check
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class RolloutConfigError(ConfigError):
-    """A rollout setting that cannot work; the message names the key."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from statistics import pstdev
 from typing import ClassVar, Literal
 
-from roll_lightning.rollout.groups import Group
+from roll_lightning.rollout.errors import RolloutConfigError
+from roll_lightning.rollout.groups.queue import Group
 from roll_lightning.settings import check, choice
 
 
@@ -119,8 +120,6 @@ class GroupFilterConfig:
     max_extra_groups: int | None = None
 
     def check(self, group_size: int) -> None:
-        from roll_lightning.rollout.config import RolloutConfigError
-
         key = "data.rollout.group_filter"
         rules = {
             "kind": choice(self, "kind"),

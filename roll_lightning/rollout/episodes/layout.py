@@ -14,10 +14,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from roll_lightning.rollout.vision import PromptImage
+from roll_lightning.rollout.prompts.vision import PromptImage
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.episode import Episode, EpisodeBuilder
+    from roll_lightning.rollout.episodes.episode import Episode, EpisodeBuilder
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -31,6 +31,11 @@ class Estimator(ABC):
     needs_groups: ClassVar[bool] = False
     needs_step_rows: ClassVar[bool] = False
     uses_critic: ClassVar[bool] = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Estimator:
+        """Built from ``model.algorithm``, reading the keys it uses; an estimator with no settings reads none."""
+        return cls()
 
     @abstractmethod
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, Tensor | None]: ...

@@ -6,7 +6,7 @@ Feng et al. 2025, arXiv 2505.10978, Eqs. 3-8.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -83,6 +83,10 @@ class GiGPO(Estimator):
     gamma: float = 0.95
     step_weight: float = 1.0
     norm_by_std: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> GiGPO:
+        return cls(gamma=settings.gigpo_gamma, step_weight=settings.step_weight, norm_by_std=settings.norm_by_std)
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, None]:
         if rows.anchors is None:

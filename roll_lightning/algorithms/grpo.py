@@ -6,7 +6,7 @@ Shao et al. 2024 (DeepSeekMath); ``norm_by_std: false`` is Dr.GRPO (Liu et al. 2
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -47,6 +47,10 @@ class GRPO(Estimator):
     needs_groups: ClassVar[bool] = True
 
     norm_by_std: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> GRPO:
+        return cls(norm_by_std=settings.norm_by_std)
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, None]:
         advantages = grpo_advantages(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -20,6 +20,11 @@ class PolicyLoss(ABC):
     has_dual_clip: ClassVar[bool] = False
     clip_low: float
     clip_high: float
+
+    @classmethod
+    @abstractmethod
+    def from_settings(cls, settings: Any) -> PolicyLoss:
+        """Built from ``model.algorithm``, reading the keys it uses; an unset clip is the loss's own default."""
 
     @abstractmethod
     def token_losses(
@@ -47,6 +52,14 @@ class PPO(PolicyLoss):
     clip_high: float = 0.2
     dual_clip: float | None = None
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> PPO:
+        return cls(
+            clip_low=_or(settings.clip_low, cls.clip_low),
+            clip_high=_or(settings.clip_high, cls.clip_high),
+            dual_clip=settings.dual_clip,
+        )
+
     def token_losses(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -73,6 +86,14 @@ class GSPO(PolicyLoss):
     clip_high: float = 4e-4
     per_turn: bool = False
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> GSPO:
+        return cls(
+            clip_low=_or(settings.clip_low, cls.clip_low),
+            clip_high=_or(settings.clip_high, cls.clip_high),
+            per_turn=settings.gspo_per_turn,
+        )
+
     def token_losses(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -91,4 +112,8 @@ class GSPO(PolicyLoss):
         return float((mask.bool().sum(-1) > 0).sum().clamp(min=1))  # rows with a reply token
 
 
-POLICY_LOSSES: dict[str, type[PPO] | type[GSPO]] = {PPO.name: PPO, GSPO.name: GSPO}
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+POLICY_LOSSES: dict[str, type[PolicyLoss]] = {loss.name: loss for loss in (PPO, GSPO)}

@@ -6,7 +6,7 @@ GAE: Schulman et al. 2015.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -50,6 +50,10 @@ class PPOGAE(Estimator):
 
     gamma: float = 1.0
     lam: float = 0.95
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PPOGAE:
+        return cls(gamma=settings.gamma, lam=settings.lam)
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, Tensor]:
         if rows.values is None:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from roll_lightning.env_client import EnvPool, EpisodeFailed
+from roll_lightning.env_client.pool import TRANSPORTS
 
 DIRECTIONS = ("Up", "Down", "Left", "Right")
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help='env config as JSON, e.g. \'{"dim_room": [6, 6], "num_boxes": 1}\'')
     p.add_argument("--endpoints", nargs="+", default=["local"], help="'local' (start servers here) or host:port ...")
     p.add_argument("--local-servers", type=int, default=1)
-    p.add_argument("--transport", choices=["batch", "stream", "unary"], default="batch")
+    p.add_argument("--transport", choices=TRANSPORTS, default="batch")
     p.add_argument("--invalid-rate", type=float, default=0.1, help="share of deliberately malformed replies")
     args = parser.parse_args(argv)
     return asyncio.run(play(args))

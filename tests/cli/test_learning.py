@@ -31,21 +31,26 @@ def median(key: str, part: list[dict[str, str]]) -> float:
 
 
 def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
-    """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps (the 30-minute run does ~2,800) with
-    no wall-clock budget (the run shares the machine with the rest of the suite).
+    """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps (the 30-minute run does ~2,000-2,800)
+    with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512 held-out
+    levels instead of 128.
 
-    What 400 steps can show is the first phase of the benchmark curve: valid one-token moves and a move prior,
-    +11 to +15 points of held-out success at this step count in the benchmark runs. Reading the board comes
-    later (from about step 700: +25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the
-    FrozenLake test below covers a policy that reads its board."""
+    What 400 steps can show is the first phase of the benchmark curve: valid one-token moves and a move prior.
+    Four seeds (0-3) on 512 levels gained +12.5, +13.3, +15.0 and +12.9 points (docs/benchmarks.md); on 128
+    levels the difference of two evaluations moves by about +-4 points by itself, and CI once saw +5.5 with a
+    run whose training curve matched those seeds'. Hence 512 levels (standard error of the gain ~1.8 points) and a
+    margin of +8, 4.5 points under the worst seed. Training success per batch is noisier still (seed 3: 13.8% in
+    the first 50 steps, 14.7% in the last 50, while its held-out gain was +12.9), so it only may not fall. Reading
+    the board comes later (+25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the FrozenLake
+    test below covers a policy that reads its board."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
     recipe = learning_recipes["test_the_main_command_learns_sokoban"]
     evals, train, stdout = recipe.result()
     (_, before), (_, after) = evals
-    assert after - before >= 0.06, recipe.diagnosis()
+    assert after - before >= 0.08, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
-    assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first) + 0.03, recipe.diagnosis()
+    assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first), recipe.diagnosis()
     # The terminal says so as it goes: one line per evaluation, the last with the change since the first.
     assert f"held-out success {100 * before:.1f}% after 0 rollout steps" in stdout
     assert f"held-out success {100 * after:.1f}% after {steps} rollout steps" in stdout

@@ -57,6 +57,7 @@ class RunProgress(ProgressBar):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         module = _agent(pl_module)
         self._printed_evals = len(module.fit_record.evals)  # not a resumed run's earlier ones
+        module.fit_record.evals_shown = True  # this display prints them (`print_evals`), the module need not
         self._write(self.start_line(trainer, module), final=True)
 
     def start_line(self, trainer: L.Trainer, module: AgentRLModule) -> str:

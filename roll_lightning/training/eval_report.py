@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-
-@runtime_checkable
-class EvalPrinter(Protocol):
-    """A progress display that prints evaluations itself."""
-
-    def print_evals(self, module: Any) -> None: ...
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -74,6 +67,7 @@ class FitRecord:
     evals: list[EvalReport] = field(default_factory=list)  # kept across resume
     last_batch: Any = None  # a `RolloutBatch`, for `TrajectoryDump`
     last_row_advantages: list[float] | None = None
+    evals_shown: bool = False  # a display (`RunProgress`) prints the evaluations; else the module logs them
 
     def begin(self, steps_done: int) -> None:
         self.started, self.steps_at_start = time.perf_counter(), steps_done

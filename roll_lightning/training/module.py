@@ -29,7 +29,7 @@ from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.training.estimate import estimate_advantages
-from roll_lightning.training.eval_report import EvalPrinter, EvalReport, FitRecord
+from roll_lightning.training.eval_report import EvalReport, FitRecord
 from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weights import policy_update
@@ -100,7 +100,6 @@ class AgentRLModule(L.LightningModule):
         self.device_ops: DeviceOps = TorchDeviceOps()  # a seam: tests take the CUDA branches on a CPU
         self.handover: Handover | None = None  # the rollout's engine turns (`setup`); None without a rollout
         self.fit_record = FitRecord()
-        self._measure_gap = False
         self._gap_warned = False
 
     # -- models --------------------------------------------------------------------------------------
@@ -260,6 +259,7 @@ class AgentRLModule(L.LightningModule):
                 old_values=values,
                 is_weights=correction.weights if correction is not None else None,
                 policy_mask=correction.mask if correction is not None else None,
+                old_from_forward=from_update,
             )
         out["train/update_skipped"] = 0.0
         sums: dict[str, float] = defaultdict(float)
@@ -270,8 +270,8 @@ class AgentRLModule(L.LightningModule):
         for _epoch in range(algo.ppo_epochs):
             order = rows[torch.randperm(len(rows), generator=generator)]
             for mini in torch.tensor_split(order, algo.mini_batches):  # the same step count on every rank
-                self._measure_gap = trainer_logp is None and steps == 0
-                step_metrics = self._optimizer_step(opt, batch, mini.tolist(), inputs, old_from_forward=from_update)
+                step_inputs = dataclasses.replace(inputs, measure_gap=trainer_logp is None and steps == 0)
+                step_metrics = self._optimizer_step(opt, batch, mini.tolist(), step_inputs)
                 if "train/logprob_gap" in step_metrics:  # first step only: not averaged
                     out["train/logprob_gap"] = step_metrics.pop("train/logprob_gap")
                 for k, v in step_metrics.items():
@@ -318,9 +318,7 @@ class AgentRLModule(L.LightningModule):
         torch.distributed.all_reduce(tensor, op=op)
         return int(tensor.item())
 
-    def _optimizer_step(
-        self, opt: Any, batch: RolloutBatch, rows: list[int], inputs: UpdateInputs, *, old_from_forward: bool = False
-    ) -> dict[str, float]:
+    def _optimizer_step(self, opt: Any, batch: RolloutBatch, rows: list[int], inputs: UpdateInputs) -> dict[str, float]:
         algo = self.algorithm
         objective = self.objective
         mask = batch.response_mask
@@ -336,7 +334,7 @@ class AgentRLModule(L.LightningModule):
             micro_rows = [rows[i] for i in plan] or [0]
             part = trim(batch, micro_rows, pad_to_batch=self.micro_batcher.pads_to_batch)
             picked = inputs.rows(micro_rows, part.input_ids.shape[1])
-            loss, metrics = self._micro_loss(objective, divisors, part, picked, old_from_forward=old_from_forward)
+            loss, metrics = self._micro_loss(objective, divisors, part, picked)
             self.manual_backward(loss if plan else loss * 0.0)
             share = float(part.response_mask.sum()) / max(total_tokens, 1.0) if plan else 0.0
             for k, v in metrics.items():
@@ -353,24 +351,17 @@ class AgentRLModule(L.LightningModule):
         return dict(sums)
 
     def _micro_loss(
-        self,
-        objective: Objective,
-        divisors: Divisors,
-        part: RolloutBatch,
-        inputs: UpdateInputs,
-        *,
-        old_from_forward: bool = False,
+        self, objective: Objective, divisors: Divisors, part: RolloutBatch, inputs: UpdateInputs
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One micro-batch's share of the objective. ``old_from_forward``: this forward, detached, is the old
-        policy."""
+        """One micro-batch's share of the objective."""
         mask = part.response_mask
         old_logp = inputs.old_logp
         with_entropy = objective.entropy_coef > 0
         logp, entropy = policy_forward(self.actor, part, self.algorithm.temperature, with_entropy=with_entropy)
         # the first step still has the sampling weights
-        gap = masked_mean((logp.detach() - old_logp).abs(), mask) if self._measure_gap else None
+        gap = masked_mean((logp.detach() - old_logp).abs(), mask) if inputs.measure_gap else None
         measured: dict[str, torch.Tensor] = {}
-        if old_from_forward:
+        if inputs.old_from_forward:
             c = self.algorithm.correction
             measured = importance_weights(
                 logp.detach(), old_logp, mask, mode="none", level=c.level, span=c.span, cap=c.cap
@@ -452,7 +443,7 @@ class AgentRLModule(L.LightningModule):
         return {k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()}
 
     def _report_eval(self, metrics: dict[str, float]) -> None:
-        """Record a held-out evaluation; an `EvalPrinter` or the log shows it."""
+        """Record a held-out evaluation; the progress display (``fit_record.evals_shown``) or the log shows it."""
         evals = self.fit_record.evals
         if evals and evals[-1].step == self.steps_done:
             return  # a `max_time` stop evaluates the same weights again
@@ -460,7 +451,7 @@ class AgentRLModule(L.LightningModule):
         first = evals[0] if evals else None
         report = EvalReport.of(self.steps_done, metrics, minutes, first)
         evals.append(report)
-        if not isinstance(self.trainer.progress_bar_callback, EvalPrinter):
+        if not self.fit_record.evals_shown:
             from lightning.pytorch.utilities import rank_zero_info
 
             rank_zero_info(report.line())
@@ -525,7 +516,7 @@ def eval_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class UpdateInputs:
-    """The no-grad passes' outputs, named so no two swap places."""
+    """The no-grad passes' outputs, named so no two swap places, and what the update's own forward is for."""
 
     old_logp: torch.Tensor  # the engine's or recomputed
     advantages: torch.Tensor
@@ -534,12 +525,15 @@ class UpdateInputs:
     old_values: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
     policy_mask: torch.Tensor | None = None
+    old_from_forward: bool = False  # the forward, detached, is the old policy (one step per batch)
+    measure_gap: bool = False  # the first step: the forward still has the sampling weights
 
     def rows(self, rows: list[int], width: int) -> UpdateInputs:
+        """These rows' tensors, cut to ``width`` tokens."""
 
-        def pick(x: torch.Tensor | None) -> torch.Tensor | None:
-            if x is None:
-                return None
+        def pick(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
             x = x[rows]
             return x[:, :width] if x.dim() == 2 else x
 

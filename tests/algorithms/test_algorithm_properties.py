@@ -6,18 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roll_lightning.algorithms import (
-    AGG_MODES,
-    aggregate,
-    gae_advantages,
-    gigpo_advantages,
-    grpo_advantages,
-    gspo_policy_loss,
-    kl_penalty,
-    ppo_policy_loss,
-    segment_ids,
-    value_loss,
-)
+from roll_lightning.algorithms import AGG_MODES, gae_advantages, gigpo_advantages, grpo_advantages, segment_ids
+from roll_lightning.algorithms.aggregation import aggregate
+from roll_lightning.algorithms.losses import gspo_policy_loss, kl_penalty, ppo_policy_loss, value_loss
 
 SETTINGS = settings(max_examples=60, deadline=None)
 shapes = st.tuples(st.integers(1, 5), st.integers(1, 7))

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from roll_lightning.algorithms import (
-    aggregate,
+from roll_lightning.algorithms import segment_ids
+from roll_lightning.algorithms.aggregation import aggregate
+from roll_lightning.algorithms.losses import (
     entropy_from_logits,
     gspo_policy_loss,
     kl_penalty,
     ppo_policy_loss,
-    segment_ids,
     value_loss,
 )
 

@@ -21,7 +21,8 @@ from roll_lightning.env_client.errors import EpisodesKeepFailing
 from roll_lightning.rollout.config.envs import LaneSpec
 from roll_lightning.rollout.config.rollout import EnvsConfig, EvalConfig, RolloutConfig, RolloutConfigError
 from roll_lightning.rollout.engines.base import GenerationEngine
-from roll_lightning.rollout.engines.factory import EngineConfig, build_engine
+from roll_lightning.rollout.engines.config import EngineConfig
+from roll_lightning.rollout.engines.factory import build_engine
 from roll_lightning.rollout.engines.placement import TRAIN
 from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.rollout.handover import Handover

@@ -60,11 +60,13 @@ def test_each_engine_kind_is_a_registry_entry_that_builds_itself(model_dir: Path
     import asyncio
     from typing import get_args, get_type_hints
 
-    from roll_lightning.rollout.engines.factory import ENGINES, EngineConfig, build_engine
+    from roll_lightning.rollout.engines.config import ENGINES
+    from roll_lightning.rollout.engines.factory import EngineConfig, build_engine, engine_class
     from roll_lightning.rollout.engines.router import EngineRouter
     from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 
     assert set(get_args(get_type_hints(EngineConfig)["kind"])) == {"auto", *ENGINES}
+    assert {kind: engine_class(kind).name for kind in ENGINES} == {kind: kind for kind in ENGINES}
     router = build_engine(EngineConfig(kind="transformers", replicas=2, device="cpu", seed=7), model_dir)
     assert isinstance(router, EngineRouter)
     assert [type(r) for r in router.replicas] == [TransformersEngine, TransformersEngine]

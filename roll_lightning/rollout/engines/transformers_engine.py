@@ -14,7 +14,7 @@ from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 from roll_lightning.rollout.prompts.vision import images_of, model_inputs, vision_token_ids
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.engines.factory import EngineConfig
+    from roll_lightning.rollout.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 from roll_lightning.rollout.prompts.vision import collapsed, images_of, vision_token_ids
 
 if TYPE_CHECKING:
-    from roll_lightning.rollout.engines.factory import EngineConfig
+    from roll_lightning.rollout.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def require_vllm() -> None:
     """Fail with what to install when vLLM does not import."""
     import importlib.util
 
-    from roll_lightning.rollout.engines.factory import EngineConfigError
+    from roll_lightning.rollout.engines.config import EngineConfigError
 
     if importlib.util.find_spec("vllm") is None:
         raise EngineConfigError(

@@ -18,7 +18,7 @@ from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.engines import EngineRouter, SamplingParams
 from roll_lightning.rollout.engines.base import BucketFeed, Weights, iter_buckets
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
-from roll_lightning.rollout.handover import feed_buckets
+from roll_lightning.rollout.handover import load_buckets
 from roll_lightning.training.weights import bucketed, full_state_dict, tensor_bytes, weight_buckets
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0)
@@ -44,18 +44,14 @@ def _teacher_forced(model: torch.nn.Module, prompt: list[int], reply: list[int])
 
 
 async def _stream(engine: Any, trainer: torch.nn.Module, bucket_bytes: int, version: int) -> dict[str, float]:
-    """What a publish does: the buckets are made on one thread while the engine loads them."""
-    feed = BucketFeed()
+    """What a publish runs (`load_buckets`): the buckets are made on a thread of their own while the engine loads
+    them on this loop."""
+    loop = asyncio.get_running_loop()
 
-    async def load() -> None:
-        try:
-            await engine.load_weights(feed, version)
-        finally:
-            feed.stop()
+    def call(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-    made = asyncio.to_thread(lambda: feed_buckets(weight_buckets(trainer, bucket_bytes), feed))
-    stats, _ = await asyncio.gather(made, load())
-    return stats
+    return await asyncio.to_thread(load_buckets, engine, weight_buckets(trainer, bucket_bytes), version, call)
 
 
 @pytest.fixture(scope="module")

@@ -147,6 +147,10 @@ class Handover:
         return out
 
 
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def _moved_metrics(what: str, moved: dict[str, Any]) -> dict[str, float]:
     values = {f"rollout/{what}_replicas": float(len(moved["replicas"]))}
     if what == "shrink":
@@ -169,7 +173,7 @@ def feed_buckets(buckets: Iterator[Bucket], feed: BucketFeed) -> dict[str, float
         if bucket is None:
             break
         stats["buckets"] += 1
-        stats["bytes"] += sum(t.numel() * t.element_size() for _, t in bucket)
+        stats["bytes"] += sum(tensor_bytes(t) for _, t in bucket)
         stats["delivered"] += feed.put(bucket)
         del bucket  # one bucket alive at a time
         stats["load_s"] += time.perf_counter() - t1
@@ -215,5 +219,5 @@ def load_update(engine: GenerationEngine, update: PolicyUpdate, version: int, ca
         raise TypeError(f"{type(engine).__name__} takes no LoRA adapters: publish merged WeightBuckets")
     started = time.perf_counter()
     call(engine.load_adapter(update.tensors, update.config, version))  # type: ignore[attr-defined]
-    size = float(sum(t.numel() * t.element_size() for t in update.tensors.values()))
+    size = float(sum(tensor_bytes(t) for t in update.tensors.values()))
     return {"gather_s": update.gather_s, "load_s": time.perf_counter() - started, "bytes": size, "buckets": 1.0}

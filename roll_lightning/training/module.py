@@ -197,9 +197,9 @@ class AgentRLModule(L.LightningModule):
         if self.handover is None or plan is None or not plan.pauses:
             return {}  # disaggregated: generation goes on
         started = time.perf_counter()
-        device = str(self.device_ops.device(self))
-        out = self.handover.pause(plan, self.device_ops.free_memory, device)
-        self._move_optimizer_state(plan, self.device_ops.device(self))
+        device = self.device_ops.device(self)
+        out = self.handover.pause(plan, self.device_ops.free_memory, str(device))
+        self._move_optimizer_state(plan, device)
         if plan.synchronize:
             self.device_ops.synchronize()
         out["timing/handoff_s"] = time.perf_counter() - started

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from roll_lightning.rollout.handover import AdapterWeights, PolicyUpdate, WeightBuckets
+from roll_lightning.rollout.handover import AdapterWeights, PolicyUpdate, WeightBuckets, tensor_bytes
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
@@ -37,10 +37,6 @@ def gathered(value: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
     return tensor.detach()
-
-
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def bucketed(

@@ -5,9 +5,7 @@ on exactly once; a failed load never lets replies go on from half-loaded weights
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 from roll_lightning.models.tiny import tiny_model
 from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.rollout.handover import AdapterWeights, Handover, WeightBuckets, plan_handoff
+from roll_lightning.rollout.runtime.loop import RolloutLoop
 from roll_lightning.training.weights import weight_buckets
 
 
@@ -40,28 +39,14 @@ class RecordingScheduler:
         return {"replicas": ["train"]}
 
 
-class Loop:
-    """The rollout's loop thread: `call` runs a coroutine there and waits, as `RolloutLoop.call` does."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-
-
 @pytest.fixture
-def engine_and_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TransformersEngine, Any, Loop]]:
+def engine_and_trainer(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[TransformersEngine, Any, RolloutLoop]]:
     from transformers import AutoModelForCausalLM
 
     path = tiny_model(tmp_path_factory.getbasetemp() / "models", seed=0)
-    loop = Loop()
+    loop = RolloutLoop("test-handover")  # the rollout's own loop thread: `call` runs a coroutine there and waits
     engine = TransformersEngine(path)
     trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
@@ -84,7 +69,7 @@ def recorded(engine: TransformersEngine, calls: list[str]) -> None:
 
 
 def test_pause_then_publish_loads_the_new_weights_with_replies_held_and_resumes_once(
-    engine_and_trainer: tuple[TransformersEngine, Any, Loop],
+    engine_and_trainer: tuple[TransformersEngine, Any, RolloutLoop],
 ) -> None:
     engine, trainer, loop = engine_and_trainer
     calls: list[str] = []
@@ -105,7 +90,7 @@ def test_pause_then_publish_loads_the_new_weights_with_replies_held_and_resumes_
 
 
 def test_a_partial_overlap_shrinks_and_expands_the_train_replicas(
-    engine_and_trainer: tuple[TransformersEngine, Any, Loop],
+    engine_and_trainer: tuple[TransformersEngine, Any, RolloutLoop],
 ) -> None:
     engine, trainer, loop = engine_and_trainer
     calls: list[str] = []
@@ -124,7 +109,7 @@ def test_a_partial_overlap_shrinks_and_expands_the_train_replicas(
     assert metrics["rollout/expand_replicas"] == 1.0 and metrics["sync/buckets"] == 1.0
 
 
-def test_a_failed_load_keeps_replies_held(engine_and_trainer: tuple[TransformersEngine, Any, Loop]) -> None:
+def test_a_failed_load_keeps_replies_held(engine_and_trainer: tuple[TransformersEngine, Any, RolloutLoop]) -> None:
     """No reply may come from half-loaded weights: the error reaches the trainer and generation stays held."""
     engine, trainer, loop = engine_and_trainer
     calls: list[str] = []
@@ -136,7 +121,7 @@ def test_a_failed_load_keeps_replies_held(engine_and_trainer: tuple[Transformers
 
 
 def test_adapters_for_an_engine_without_lora_are_refused_in_one_line(
-    engine_and_trainer: tuple[TransformersEngine, Any, Loop],
+    engine_and_trainer: tuple[TransformersEngine, Any, RolloutLoop],
 ) -> None:
     engine, _, loop = engine_and_trainer
     handover = Handover(engine, RecordingScheduler([]), loop.call, colocate=False)  # type: ignore[arg-type]

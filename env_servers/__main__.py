@@ -17,6 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
+from env_servers.api import EnvUnavailable
+from env_servers.ports import check_bindable
 from env_servers.registry import get_env, known_env_ids
 
 _PR_SET_PDEATHSIG = 1
@@ -133,6 +135,7 @@ def _openenv(args: argparse.Namespace) -> int:
         )
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    check_bindable(args.host, args.port)
     sock.bind((args.host, args.port))
     host, port = sock.getsockname()[:2]
     print(
@@ -206,6 +209,7 @@ def _conformance(args: argparse.Namespace) -> int:
         garbage=args.garbage,
         launch=args.launch,
         only=args.only,
+        launch_timeout_s=args.launch_timeout,
     )
     failed = [name for name, outcome in results.items() if outcome.failed]
     skipped = [name for name, outcome in results.items() if outcome.status == "SKIP"]
@@ -298,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     conformance.add_argument(
         "--launch", help="start the server with this command ({port} = a free port): checks loading and drain"
     )
+    conformance.add_argument(
+        "--launch-timeout", type=float, default=60.0, help="seconds the --launch server has to report SERVING"
+    )
     conformance.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     conformance.set_defaults(func=_conformance)
 
@@ -305,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request to a foreign env otherwise
     try:
         return args.func(args)
-    except (KeyError, ValueError, OSError, ImportError) as exc:
+    except (KeyError, ValueError, OSError, ImportError, EnvUnavailable) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
 

@@ -32,6 +32,11 @@ class ConfigError(ValueError):
     """An env config that cannot be used; the message names the offending key."""
 
 
+class EnvUnavailable(RuntimeError):
+    """An env that cannot be reached or used (a foreign server that is down or serves something else); the
+    message names the cause in one line, and the command line prints only it."""
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What a client needs to know to drive an env without reading its code."""

@@ -55,6 +55,19 @@ def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[bytes], str,
     return process, address, states
 
 
+def _check_launched(process: subprocess.Popen[bytes], states: list[str], timeout_s: float) -> None:
+    """CheckFailed when the launched server is not SERVING: it exited, or it did not get there in time."""
+    if states and states[-1] == "SERVING":
+        return
+    seen = f" (health states seen: {', '.join(states)})" if states else ""
+    if process.poll() is not None:
+        raise CheckFailed(f"the launched server exited with code {process.returncode} before serving{seen}")
+    raise CheckFailed(
+        f"the launched server did not report SERVING within {timeout_s:g}s{seen}; a slow start (a loaded "
+        "machine, a large env) needs a longer --launch-timeout"
+    )
+
+
 def _prepare(target: Target) -> tuple[pb.EnvSpec, pb.ServerInfo]:
     """Reach the server and describe the env; CheckFailed names what stops the suite from starting."""
     try:
@@ -85,13 +98,14 @@ def run_conformance(
     launch: str | None = None,
     only: list[str] | None = None,
     report: Callable[[str], None] = print,
+    launch_timeout_s: float = 60.0,
 ) -> dict[str, CheckResult]:
     """Run the checks (all, or ``only`` these names, in suite order); returns check name -> outcome."""
     from env_servers.conformance import CHECKS
 
     process, states = None, []
     if launch:
-        process, address, states = _launch(launch, timeout=60.0)
+        process, address, states = _launch(launch, timeout=launch_timeout_s)
     if address is None:
         raise ValueError("give the server's address, or --launch a command that starts it")
     target = Target(address, env_id, dict(config or {}), token)
@@ -99,6 +113,8 @@ def run_conformance(
     results: dict[str, CheckResult] = {}
     try:
         try:
+            if process is not None:
+                _check_launched(process, states, launch_timeout_s)
             spec, info = _prepare(target)
         except CheckFailed as err:
             results["connect"] = CheckResult("FAIL", str(err))

@@ -18,6 +18,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from env_servers.ports import check_bindable
 from env_servers.server.guards import SERVICE_NAME, DecodeGuard, TokenInterceptor, receive_limit, token_problem
 from env_servers.server.service import EnvService
 from env_servers.server.sessions import SessionTable, close_env
@@ -134,18 +135,25 @@ class EnvServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, NOT_SERVING)
         target = f"{cfg.host}:{cfg.port}"
-        if cfg.tls_cert is not None:
-            creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
-            self.port = server.add_secure_port(target, creds)
-        else:
-            self.port = server.add_insecure_port(target)
+        check_bindable(cfg.host, cfg.port)
+        try:
+            if cfg.tls_cert is not None:
+                creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+                self.port = server.add_secure_port(target, creds)
+            else:
+                self.port = server.add_insecure_port(target)
+        except RuntimeError:  # grpc's "Failed to bind to address"
+            self.port = 0
         if not self.port:
-            raise OSError(f"could not bind {target}")
+            raise OSError(f"cannot listen on {target}: the port is in use, or the address is not this host's")
         await server.start()
+        try:  # SERVING only once one env of each kind has been built (imports, caches, a foreign server reached)
+            await asyncio.get_running_loop().run_in_executor(None, self._warm_up)
+        except BaseException:
+            await server.stop(None)
+            raise
         self._server = server
         self._stopped = asyncio.Event()
-        # SERVING only once one env of each kind has been built (imports, caches).
-        await asyncio.get_running_loop().run_in_executor(None, self._warm_up)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, SERVING)
         self._reaper = asyncio.create_task(self._reap_forever())

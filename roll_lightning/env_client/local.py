@@ -81,4 +81,8 @@ def launch_local_server(
     else:
         problem = f"exited with code {proc.returncode}"
     log.seek(0)
-    raise RuntimeError(f"local env server ({' '.join(cmd)}) {problem}:\n{log.read()[-2000:]}")
+    said = log.read()
+    last = said.strip().splitlines()[-1:] or [""]
+    if last[0].startswith("error: "):  # the server's own one-line reason (bad env id, unreachable foreign env)
+        raise RuntimeError(last[0].removeprefix("error: "))
+    raise RuntimeError(f"local env server ({' '.join(cmd)}) {problem}:\n{said[-2000:]}")

@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from env_servers.api import EnvUnavailable
+
 _WIRE = ("done", "reward", "metadata")  # OpenEnv's Observation base fields
 
 
@@ -19,7 +21,7 @@ class InvalidAction(ValueError):
     """The foreign env (or its action type) refused the action as malformed."""
 
 
-class ForeignEnvFailed(RuntimeError):
+class ForeignEnvFailed(EnvUnavailable):
     """The foreign env failed: an exception, a timeout, a lost connection or a malformed answer."""
 
 
@@ -223,13 +225,22 @@ class Remote:
         import httpx
 
         try:
-            answer = httpx.get(f"{self.url}/schema", timeout=self.timeout_s)
-            answer.raise_for_status()
-            schema = answer.json()["action"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise ForeignEnvFailed(f"OpenEnv server {self.url}: GET /schema failed: {exc}") from exc
+            answer = httpx.get(f"{self.url}/schema", timeout=self.connect_timeout_s)
+        except httpx.TimeoutException as exc:
+            raise ForeignEnvFailed(
+                f"OpenEnv server {self.url}: no answer to GET /schema within {self.connect_timeout_s:g}s"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise ForeignEnvFailed(
+                f"OpenEnv server {self.url}: cannot connect ({_reason(exc)}); is the server running there?"
+            ) from exc
+        try:
+            schema = answer.json()["action"] if answer.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            schema = None
         if not isinstance(schema, dict):
-            raise ForeignEnvFailed(f"OpenEnv server {self.url}: /schema's action is not a JSON schema")
+            said = f"answered {answer.status_code}" if answer.status_code != 200 else "has no action schema"
+            raise ForeignEnvFailed(f"{self.url} is not an OpenEnv server: GET /schema {said}")
         return schema
 
     def description(self) -> str:
@@ -249,6 +260,13 @@ class Remote:
             except Exception:  # already gone
                 pass
             self._drop()
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause's message: ``[Errno 111] Connection refused``, not httpx's wrapper."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return str(exc) or type(exc).__name__
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

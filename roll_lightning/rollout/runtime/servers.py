@@ -62,7 +62,9 @@ class EnvServers:
             raise RolloutConfigError(f"{key}={_show(where)}: {err}") from err
         except RuntimeError as err:  # a local server did not start: usually a bad env id or import
             envs = ", ".join(
-                f"{x.key}.env_id={x.env_id!r}" for x in self.lanes if x.endpoints_or(self.envs.endpoints) == where
+                dict.fromkeys(
+                    f"{x.key}.env_id={x.env_id!r}" for x in self.lanes if x.endpoints_or(self.envs.endpoints) == where
+                )
             )
             raise RolloutConfigError(f"{envs}: the local env server did not start: {err}") from err
 

@@ -6,6 +6,8 @@ serves envs (its `create_app` under uvicorn), in a subprocess that prints its UR
 
 - `GuessEnv`: guess a number from 1 to 9 (``guess`` string action; seeded; ``higher``/``lower`` hints; a guess
   that is not a number is ``action_valid`` false; the distance to the number in metadata).
+- `MovesEnv`: one session at a time (as OpenEnv's chess app): a board and its legal moves as a list field, an
+  ``Optional[str]`` action field.
 - `NotesEnv`: an MCP env (FastMCP tools ``read(box)`` and ``answer(code)``); the code of box ``b`` is ``11*b``
   and the task is box 3.
 - `RaisingEnv`, `SlowEnv`, `MalformedEnv`: envs that fail as foreign envs do (an exception, a step that takes
@@ -87,6 +89,44 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
         return self._state
 
 
+class MoveAction(Action):
+    move: str | None = None  # Optional[str]: JSON schema anyOf string/null, as many OpenEnv envs declare text
+
+
+class BoardObservation(Observation):
+    board: str
+    legal_moves: list[str]
+
+
+class MovesEnv(Environment[MoveAction, BoardObservation, State]):
+    """One session at a time, as OpenEnv's chess app: a board and its legal moves (a list field beside the one
+    string field); a legal move scores 1 and the first letter of the seed's best move 0.5 more; two moves end it."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(episode_id=None, step_count=0)
+        self.moves: list[str] = []
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> BoardObservation:
+        rng = random.Random(seed)
+        self.moves = rng.sample(["a1", "b2", "c3", "d4", "e5", "f6"], 3)
+        self._state = State(episode_id=episode_id or "episode", step_count=0)
+        return BoardObservation(board=f"board {rng.randrange(100)}", legal_moves=self.moves)
+
+    def step(self, action: MoveAction, timeout_s: float | None = None, **_: Any) -> BoardObservation:
+        self._state.step_count += 1
+        move = (action.move or "").strip()
+        reward = float(move in self.moves) + 0.5 * move.startswith(self.moves[0][0])
+        done = self._state.step_count >= 2
+        return BoardObservation(board="board", legal_moves=self.moves, reward=reward, done=done)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
 class NotesEnv(MCPEnvironment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
@@ -150,7 +190,11 @@ class MalformedEnv(GuessEnv):
         return obs
 
 
-ENVS = {"guess": (GuessEnv, GuessAction, GuessObservation), "slow": (SlowEnv, GuessAction, GuessObservation)}
+ENVS = {
+    "guess": (GuessEnv, GuessAction, GuessObservation),
+    "slow": (SlowEnv, GuessAction, GuessObservation),
+    "moves": (MovesEnv, MoveAction, BoardObservation),  # one session at a time
+}
 
 
 def serve(name: str) -> None:
@@ -176,7 +220,8 @@ def serve(name: str) -> None:
         app = getattr(importlib.import_module(module), attribute)
     else:
         env_cls, action_cls, observation_cls = ENVS[name]
-        app = create_app(env_cls, action_cls, observation_cls, env_name=name, max_concurrent_envs=64)
+        sessions = 64 if env_cls.SUPPORTS_CONCURRENT_SESSIONS else 1
+        app = create_app(env_cls, action_cls, observation_cls, env_name=name, max_concurrent_envs=sessions)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     print(json.dumps({"url": f"http://127.0.0.1:{sock.getsockname()[1]}"}), flush=True)

@@ -10,6 +10,7 @@ The mapping is the table in docs/environments.md.
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +49,14 @@ class OpenEnvConfig:
         default="auto", metadata={"doc": "how a reply becomes an action: " + " | ".join(FORMATS)}
     )
     action_field: str = field(default="", metadata={"doc": "text format: the action field given the reply"})
-    observation_field: str = field(default="", metadata={"doc": "the observation field shown as text"})
+    observation_field: str = field(
+        default="",
+        metadata={"doc": "the observation field shown as text (default: the only string field); * shows every field"},
+    )
+    observation_template: str = field(
+        default="",
+        metadata={"doc": "the observation as text from its fields, e.g. '{board}\\nLegal moves: {legal_moves}'"},
+    )
     action_class: str = field(
         default="",
         metadata={"doc": "module:Class of the action (in-process envs that do not declare it)", "server_only": True},
@@ -72,6 +80,10 @@ class OpenEnvConfig:
         if self.action_format not in FORMATS:
             raise ValueError(f"action_format must be one of {', '.join(FORMATS)}, got {self.action_format!r}")
         json_object(self.reset_kwargs, "reset_kwargs")
+        try:
+            list(string.Formatter().parse(self.observation_template))
+        except ValueError as exc:
+            raise ValueError(f"observation_template {self.observation_template!r}: {exc}") from exc
         for name in ("connect_timeout_s", "call_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -193,7 +205,8 @@ class OpenEnvEnv:
         return self.config.invalid_action_penalty, False, truncated, info
 
     def _text(self, out: Outcome, skip: tuple[str, ...] = ()) -> str:
-        return observation_text(out, self.config.observation_field, skip, where=self.target)
+        config = self.config
+        return observation_text(out, config.observation_field, config.observation_template, skip, self.target)
 
     @classmethod
     def describe(cls, config: OpenEnvConfig) -> EnvSpec:

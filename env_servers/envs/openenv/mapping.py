@@ -13,24 +13,44 @@ FLAGS = ("action_valid", "truncated")
 READ = (*FLAGS, "metrics")  # read, not shown as text
 
 
-def observation_text(out: Outcome, field: str, skip: tuple[str, ...], where: str) -> str:
-    """The observation's ``field``, else its only string field, else one ``name: value`` line per field."""
+ALL_FIELDS = "*"
+
+
+def observation_text(out: Outcome, field: str, template: str, skip: tuple[str, ...], where: str) -> str:
+    """The observation as text: ``template`` filled with its fields; else ``field``; else its only string field;
+    else (or with ``field`` ``*``) one ``name: value`` line per field."""
     fields = {k: v for k, v in out.fields.items() if k not in skip and k not in READ}
-    if field:
+    if template:
+        try:
+            return template.format_map({k: as_text(v) for k, v in out.fields.items()})
+        except KeyError as exc:
+            raise ForeignEnvFailed(
+                f"{where}: observation_template names {{{exc.args[0]}}}, which the observation does not have (its "
+                f"fields: {', '.join(out.fields)})"
+            ) from exc
+    if field and field != ALL_FIELDS:
         if field not in out.fields:
             raise ForeignEnvFailed(f"{where}: malformed answer: the observation has no field {field!r}")
-        value = out.fields[field]
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return as_text(out.fields[field])
     strings = [v for v in fields.values() if isinstance(v, str)]
-    if len(strings) == 1:
+    if len(strings) == 1 and field != ALL_FIELDS:
         return strings[0]
-    return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in fields.items())
+    return "\n".join(f"{k}: {as_text(v)}" for k, v in fields.items())
+
+
+def as_text(value: Any) -> str:
+    """A field's value as the model reads it: text as is, a list of plain values comma-separated, else JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        return ", ".join(str(v) for v in value)
+    return json.dumps(value, sort_keys=True)
 
 
 def choose_format(schema: dict[str, Any], config: Any) -> tuple[str, str]:
     """``(format, text field)`` from the action's JSON schema and the config."""
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
-    strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
+    strings = [k for k, v in props.items() if takes_text(v)]
     mcp = {"tool_name", "arguments"} <= props.keys()
     chosen = config.action_format
     if chosen == "auto":
@@ -46,6 +66,17 @@ def choose_format(schema: dict[str, Any], config: Any) -> tuple[str, str]:
             )
         return chosen, name
     return chosen, ""
+
+
+def takes_text(prop: Any) -> bool:
+    """A JSON-schema property a string fits: ``{"type": "string"}``, or a union with one (pydantic's
+    ``Optional[str]`` is ``{"anyOf": [{"type": "string"}, {"type": "null"}]}``)."""
+    if not isinstance(prop, dict):
+        return False
+    kind = prop.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return True
+    return any(takes_text(option) for option in prop.get("anyOf") or prop.get("oneOf") or ())
 
 
 def dict_of(value: Any) -> dict[str, Any]:

@@ -9,9 +9,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from openenv.core.env_server.http_server import create_app
+from fastapi import FastAPI
+from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, ServerMode, State
 from pydantic import BaseModel, Field
 
 from env_servers.api import Action as ToolAction
@@ -131,9 +132,14 @@ def _observation(obs: Any, *, done: bool, reward: float | None, info: Mapping[st
 
 
 def make_app(env_id: str, config: Mapping[str, Any] | None = None, max_sessions: int = 64) -> Any:
-    """OpenEnv's ASGI app serving ``env_id`` to up to ``max_sessions`` sessions."""
+    """OpenEnv's ASGI app serving ``env_id`` to up to ``max_sessions`` sessions, in OpenEnv's production mode:
+    episodes live in ``/ws`` sessions. Its simulation mode's HTTP ``/reset``, ``/step`` and ``/state`` make a
+    fresh env for every request, so a step could never follow a reset; they are not offered."""
     entry = get_env(env_id)
     parsed = entry.make_config(config)
     entry.describe(parsed)  # fail before serving
     env_cls = type(f"Served[{env_id}]", (ServedEnv,), {"entry": entry, "config": parsed})
-    return create_app(env_cls, ReplyAction, ReplyObservation, env_name=env_id, max_concurrent_envs=max_sessions)
+    app = FastAPI(title=f"{env_id}: an env of roll_lightning's env_servers, served as OpenEnv")
+    server = HTTPEnvServer(env_cls, ReplyAction, ReplyObservation, max_concurrent_envs=max_sessions)
+    server.register_routes(app, mode=ServerMode.PRODUCTION)
+    return app

@@ -22,6 +22,7 @@ from roll_lightning.env_client import ClientToolCall, EnvPool
 from roll_lightning.env_client.errors import EpisodeFailed
 
 GUESS, NOTES = "openenv:support.openenv_envs:GuessEnv", "openenv:support.openenv_envs:NotesEnv"
+MOVES = "openenv:support.openenv_envs:MovesEnv"
 DIPG = "openenv:med_safety_gym.app:get_environment"
 DIPG_CONFIG = {"reward_min": -50.0, "reward_max": 50.0, "deterministic": False}
 
@@ -159,6 +160,35 @@ async def test_an_openenv_server_that_hangs_or_dies_fails_the_episode() -> None:
                 assert failed.value.code == grpc.StatusCode.INTERNAL and served.url in failed.value.detail
         finally:
             server.stop()
+
+
+def test_an_optional_text_field_is_the_action_and_every_observation_field_can_be_shown() -> None:
+    """`MovesEnv`'s action is ``move: Optional[str]`` (JSON schema ``anyOf``); its observation is a board (the only
+    string field, shown alone by default) and ``legal_moves`` (a list, shown by a template or by ``*``)."""
+    entry = get_env(MOVES)
+    shown = {}
+    for name, config in {
+        "default": {},
+        "template": {"observation_template": "{board}\nLegal moves: {legal_moves}"},
+        "all": {"observation_field": "*"},
+    }.items():
+        env = entry.make(entry.make_config(config))
+        shown[name], _ = env.reset(3)
+        text, reward, *_ = env.step(env.backend.env.moves[1])  # the text format sends the reply as ``move``
+        assert reward == 1.0, "a legal move arrived as the action's move field"
+        env.close()
+    board = shown["default"]
+    assert board.startswith("board ") and "\n" not in board
+    assert shown["template"].startswith(board + "\nLegal moves: ") and shown["template"].count(",") == 2
+    assert shown["all"].splitlines()[0] == f"board: {board}" and shown["all"].splitlines()[1].startswith(
+        "legal_moves: "
+    )
+    assert "'move'" in entry.describe(entry.make_config({})).action_format
+    with pytest.raises(ConfigError, match="observation_template"):
+        entry.make_config({"observation_template": "{board"})
+    env = entry.make(entry.make_config({"observation_template": "{position}"}))
+    with pytest.raises(RuntimeError, match=r"names \{position\}, which the observation does not have \(its fields: "):
+        env.reset(0)
 
 
 def test_bad_openenv_ids_and_configs_are_named() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 from support.conformance import conforms
@@ -70,6 +71,16 @@ def test_openenvs_validation_command_passes(frozenlake: Served) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{") :])
     assert report["passed"] and {c["id"] for c in report["criteria"]} >= {"health_endpoint", "schema_endpoint"}
+    assert report["mode"] == "production"
+
+
+def test_http_reset_step_and_state_are_not_offered(frozenlake: Served) -> None:
+    """OpenEnv's HTTP /step makes a fresh env per request, so it could never continue an episode: not served
+    (404), and the docs say episodes run over /ws."""
+    for method, path in (("POST", "/reset"), ("POST", "/step"), ("GET", "/state")):
+        answer = httpx.request(method, frozenlake.url + path, json={"action": {"text": "Up"}}, timeout=30)
+        assert answer.status_code in (404, 405), (path, answer.status_code, answer.text[:200])
+    assert httpx.get(frozenlake.url + "/health", timeout=30).status_code == 200
 
 
 def test_tool_calls_and_pictures_travel_through_openenv() -> None:

@@ -54,6 +54,7 @@ class EnvSpec:
     splits: Mapping[str, int] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
     tools: tuple[Tool, ...] = ()  # empty: a text env
+    max_sessions: int = 0  # episodes that may run at once (a one-session backend: 1); clients start no more. 0: any
 
 
 @dataclass(frozen=True)

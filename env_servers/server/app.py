@@ -147,13 +147,15 @@ class EnvServer:
         if not self.port:
             raise OSError(f"cannot listen on {target}: the port is in use, or the address is not this host's")
         await server.start()
+        self._server = server
+        self._stopped = asyncio.Event()
         try:  # SERVING only once one env of each kind has been built (imports, caches, a foreign server reached)
             await asyncio.get_running_loop().run_in_executor(None, self._warm_up)
         except BaseException:
-            await server.stop(None)
+            if self._server is not None:  # not drained meanwhile: stop it here, before the loop goes
+                await server.stop(None)
+                self._server = None
             raise
-        self._server = server
-        self._stopped = asyncio.Event()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, SERVING)
         self._reaper = asyncio.create_task(self._reap_forever())

@@ -68,6 +68,7 @@ def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
         splits=dict(spec.splits),
         config_schema=config_schema(entry.config_cls),
         metrics=list(spec.metrics),
+        max_sessions=spec.max_sessions,
     )
     if spec.tools:
         msg.tools.extend(tool_to_proto(tool) for tool in spec.tools)

@@ -125,6 +125,8 @@ class EnvPool:
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._limits: dict[str, int] = {}  # env id -> its spec's max_sessions, when set (`open`)
+        self._gates: dict[str, asyncio.Semaphore] = {}
         self.stats = {
             "ejections": 0,
             "readmissions": 0,
@@ -325,9 +327,33 @@ class EnvPool:
         return True
 
     async def open(self, env_id: str, config: dict[str, Any] | None = None, *, tag: str = "") -> EnvSession:
+        """A new session of ``env_id``. An env whose spec sets ``max_sessions`` gets no more sessions at once from
+        this pool: an open waits for a close (a one-session backend serves a whole group, member after member)."""
         request = pb.CreateSessionRequest(env_id=env_id, request_id=new_request_id(), client_tag=tag)
         if config:
             request.config.update(config)
+        gate = self._gates.get(env_id)
+        if gate is not None:
+            await gate.acquire()
+        try:
+            session = await self._create(env_id, request)
+        except BaseException:
+            if gate is not None:
+                gate.release()
+            raise
+        if gate is None and session.spec.max_sessions:  # the env's first session: its limit is known from now on
+            self._limits.setdefault(env_id, session.spec.max_sessions)
+            gate = self._gates.setdefault(env_id, asyncio.Semaphore(self._limits[env_id]))
+            await gate.acquire()
+        session.gate = gate
+        return session
+
+    def session_limit(self, env_id: str) -> int:
+        """Sessions of ``env_id`` this pool holds at once (its spec's ``max_sessions``, once a session told it);
+        0: no limit known."""
+        return self._limits.get(env_id, 0)
+
+    async def _create(self, env_id: str, request: pb.CreateSessionRequest) -> EnvSession:
         tried: list[str] = []
         last = ""
         while True:

@@ -6,6 +6,7 @@ answers that break env.proto's rules on echoes, images and tool results (`Protoc
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import uuid
@@ -91,6 +92,7 @@ class EnvSession:
         self.episode_id = ""
         self.step_index = 0
         self.closed = False
+        self.gate: asyncio.Semaphore | None = None  # held while open: the env's max_sessions (`EnvPool.open`)
         # unique per session is enough (the server keys replay by session); cheaper than a uuid
         self._request_ids = map(str, itertools.count(1))
 
@@ -171,12 +173,14 @@ class EnvSession:
             return
         self.closed = True
         self.endpoint.active = max(0, self.endpoint.active - 1)
-        if self.endpoint.ejected:
-            return
         try:
-            await self.endpoint.client.close_session(self.session_id, timeout=self.pool.health_timeout_s * 2)
+            if not self.endpoint.ejected:
+                await self.endpoint.client.close_session(self.session_id, timeout=self.pool.health_timeout_s * 2)
         except EpisodeFailed:
             pass
+        finally:  # after the server closed its session: the next one may take the env's slot
+            if self.gate is not None:
+                self.gate.release()
 
     def _check_echo(self, field: str, expected: object, got: object) -> None:
         if got != expected:

@@ -57,3 +57,35 @@ def test_a_foreign_env_that_always_fails_stops_the_run_in_one_line(tmp_path: Pat
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "the foreign env broke" in last, last
+
+
+def test_grpo_groups_train_on_a_one_session_openenv_server(tmp_path: Path) -> None:
+    """`MovesEnv` behind OpenEnv's server with ``max_concurrent_envs`` 1 (as OpenEnv's chess app): the adapter
+    learns the limit at describe (a second session is refused, naming it), the spec carries ``max_sessions`` 1,
+    and the trainer plays a group of 4 member after member. Without the limit the server refuses every member
+    after the first ("Server at capacity: 1/1 sessions active") and no group completes."""
+    with running("-m", "support.openenv_envs", "moves") as served:
+        rollout = {
+            "env_id": f"openenv:{served.url}",
+            "env_config": {"max_steps": 2, "observation_template": "{board}\nLegal moves: {legal_moves}"},
+            "group_size": 4,
+            "batch_size": 8,
+        }
+        extra = tmp_path / "one_session.yaml"
+        extra.write_text(yaml.safe_dump({"data": {"rollout": rollout}}))
+        done = fit_tiny(tmp_path, str(extra), 2)
+        assert done.returncode == 0, done.stderr[-4000:]
+        logged = logged_metrics(tmp_path / "run")
+        assert logged["rollout/episodes"] == 8 and logged["train/update_skipped"] == 0.0, logged
+        # lock-step plays a batch's 8 episodes at once: refused in one line, not left waiting for a slot
+        (tmp_path / "lockstep").mkdir()
+        done = fit_tiny(tmp_path / "lockstep", str(extra), 1, "--data.rollout.mode", "lockstep")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert (
+            done.stderr.strip()
+            .splitlines()[-1]
+            .endswith(
+                "takes 1 episode(s) at once (its spec's max_sessions) and lock-step plays 8 at once: set "
+                "data.rollout.mode async"
+            )
+        ), done.stderr[-2000:]

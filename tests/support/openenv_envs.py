@@ -100,7 +100,8 @@ class BoardObservation(Observation):
 
 class MovesEnv(Environment[MoveAction, BoardObservation, State]):
     """One session at a time, as OpenEnv's chess app: a board and its legal moves (a list field beside the one
-    string field); a legal move scores 1 and the first letter of the seed's best move 0.5 more; two moves end it."""
+    string field); a legal move scores 1, and every reply 0.01 a character (a random policy's replies differ, so
+    GRPO groups carry a signal); two moves end it."""
 
     SUPPORTS_CONCURRENT_SESSIONS = False
 
@@ -118,7 +119,7 @@ class MovesEnv(Environment[MoveAction, BoardObservation, State]):
     def step(self, action: MoveAction, timeout_s: float | None = None, **_: Any) -> BoardObservation:
         self._state.step_count += 1
         move = (action.move or "").strip()
-        reward = float(move in self.moves) + 0.5 * move.startswith(self.moves[0][0])
+        reward = float(move in self.moves) + 0.01 * len(move)
         done = self._state.step_count >= 2
         return BoardObservation(board="board", legal_moves=self.moves, reward=reward, done=done)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import string
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from env_servers.envs.openenv.backends import (
     InvalidAction,
     Outcome,
     Remote,
+    SessionsFull,
     load,
 )
 from env_servers.envs.openenv.mapping import (
@@ -71,6 +73,13 @@ class OpenEnvConfig:
     reward_min: float = field(default=-1.0, metadata={"doc": "the spec's lowest reward"})
     reward_max: float = field(default=1.0, metadata={"doc": "the spec's highest reward"})
     deterministic: bool = field(default=True, metadata={"doc": "false for an env that does not follow its seed"})
+    max_sessions: int = field(
+        default=0,
+        metadata={
+            "doc": "episodes at once the OpenEnv server takes (the trainer starts no more); 0: a URL's is asked at "
+            "describe (a second session, which a full server refuses naming its limit), an in-process env has none"
+        },
+    )
     connect_timeout_s: float = field(default=10.0, metadata={"doc": "seconds to connect to a server"})
     call_timeout_s: float = field(default=30.0, metadata={"doc": "seconds for one reset or step"})
 
@@ -84,6 +93,8 @@ class OpenEnvConfig:
             list(string.Formatter().parse(self.observation_template))
         except ValueError as exc:
             raise ValueError(f"observation_template {self.observation_template!r}: {exc}") from exc
+        if self.max_sessions < 0:
+            raise ValueError(f"max_sessions must be >= 0 (0: ask the server), got {self.max_sessions}")
         for name in ("connect_timeout_s", "call_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -136,7 +147,16 @@ class OpenEnvEnv:
 
     def reset(self, seed: int, options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         self._steps = 0
-        out = self.backend.reset(seed % 2**32, json_object(self.config.reset_kwargs, "reset_kwargs"))
+        kwargs = json_object(self.config.reset_kwargs, "reset_kwargs")
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        while True:  # a session closed just before may not have left the server yet
+            try:
+                out = self.backend.reset(seed % 2**32, kwargs)
+                break
+            except SessionsFull:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
         return self._text(out), {"seed": seed, "metadata": plain(out.metadata)}
 
     def step(self, action: Action | str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
@@ -216,6 +236,7 @@ class OpenEnvEnv:
             first, _ = probe.reset(0)
             instruction = config.instruction or first or probe.backend.description() or f"the OpenEnv env {cls.target}"
             tools = probe.tools
+            max_sessions = config.max_sessions or probe.sessions_beside()
         finally:
             probe.close()
         call = json.dumps({"name": tools[0].name, "arguments": {}}) if tools else ""
@@ -238,7 +259,22 @@ class OpenEnvEnv:
             splits={"train": 0, "test": 0},
             metrics=("action_valid",),
             tools=tools,
+            max_sessions=max_sessions,
         )
+
+    def sessions_beside(self) -> int:
+        """The server's session limit when a second session beside this (reset) one is refused, else 0. An
+        in-process env makes an instance per session: 0."""
+        if not isinstance(self.backend, Remote):
+            return 0
+        second = Remote(self.target, self.config.connect_timeout_s, self.config.call_timeout_s)
+        try:
+            second.reset(1, json_object(self.config.reset_kwargs, "reset_kwargs"))
+        except SessionsFull as full:
+            return full.max_sessions
+        finally:
+            second.close()
+        return 0
 
 
 def _entry(env_id: str) -> EnvEntry:

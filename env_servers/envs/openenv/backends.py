@@ -25,6 +25,14 @@ class ForeignEnvFailed(EnvUnavailable):
     """The foreign env failed: an exception, a timeout, a lost connection or a malformed answer."""
 
 
+class SessionsFull(ForeignEnvFailed):
+    """An OpenEnv server refused a session at its capacity (``CAPACITY_REACHED``), naming its ``max_sessions``."""
+
+    def __init__(self, message: str, max_sessions: int) -> None:
+        super().__init__(message)
+        self.max_sessions = max_sessions
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One OpenEnv answer."""
@@ -182,7 +190,10 @@ class Remote:
                 self._ws = connect(  # no deflate: small messages
                     self.ws_url, open_timeout=self.connect_timeout_s, max_size=None, proxy=None, compression=None
                 )
-            self._ws.send(json.dumps(message))
+            try:
+                self._ws.send(json.dumps(message))
+            except ConnectionClosed:
+                pass  # a server that refused the session (at capacity) said why before it closed: read that below
             answer = json.loads(self._ws.recv(timeout=self.timeout_s))
         except TimeoutError as exc:
             self._drop()
@@ -203,6 +214,13 @@ class Remote:
             detail = f"{error.get('message', 'unknown error')} (code: {error.get('code', 'UNKNOWN')})"
             if error.get("code") == "VALIDATION_ERROR":
                 raise InvalidAction(detail)
+            if error.get("code") == "CAPACITY_REACHED" and isinstance(error.get("max_sessions"), int):
+                self._drop()
+                raise SessionsFull(
+                    f"OpenEnv server {self.url}: {what} refused: {detail}; it holds {error['max_sessions']} "
+                    f"session(s) at once: give the env config max_sessions: {error['max_sessions']}",
+                    error["max_sessions"],
+                )
             raise ForeignEnvFailed(f"OpenEnv server {self.url}: {what} failed: {detail}")
         return answer["data"]
 

@@ -52,7 +52,7 @@ class DescribeEnvRequest(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class EnvSpec(_message.Message):
-    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics", "tools")
+    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics", "tools", "max_sessions")
     class SplitsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class EnvSpec(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     version: str
     instruction: str
@@ -88,7 +89,8 @@ class EnvSpec(_message.Message):
     config: _struct_pb2.Struct
     metrics: _containers.RepeatedScalarFieldContainer[str]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
-    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+    max_sessions: int
+    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., max_sessions: _Optional[int] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json")

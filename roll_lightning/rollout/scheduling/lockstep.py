@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from roll_lightning.env_client import EnvOutage, EnvSession
 from roll_lightning.rollout.episodes.episode import EpisodeBuilder
+from roll_lightning.rollout.errors import RolloutConfigError
 from roll_lightning.rollout.groups.filters import GroupSelection
 from roll_lightning.rollout.groups.queue import Group
 from roll_lightning.rollout.scheduling.failures import REPLAYED_FAILURES
@@ -40,6 +42,14 @@ async def collect_lockstep(scheduler: RolloutScheduler, selections: list[GroupSe
 async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
     cfg = s.config
     members = [(g, m) for g in groups for m in range(g.size)]
+    for position, count in Counter(g.lane for g, _ in members).items():
+        spec, pool = s.lanes[position].spec, s.lanes[position].pool
+        limit = pool.session_limit(spec.env_id) if pool is not None else 0
+        if limit and count > limit:
+            raise RolloutConfigError(
+                f"{spec.key}.env_id={spec.env_id!r} takes {limit} episode(s) at once (its spec's max_sessions) and "
+                f"lock-step plays {count} at once: set data.rollout.mode async"
+            )
     opened = await asyncio.gather(*(s.open_session(s.lanes[g.lane]) for g, _ in members), return_exceptions=True)
     failed: set[int] = set()
     playing: dict[int, tuple[EnvSession, EpisodeBuilder]] = {}  # member position -> its session and episode
@@ -105,7 +115,7 @@ async def _play_round(s: RolloutScheduler, groups: list[Group]) -> None:
             s.discard_session(session)
             continue
         lane = s.lanes[group.lane]
-        lane.idle_sessions.append(session)
+        s.keep_session(lane, session)
         builder.episode.wall_s = wall
         s.counters["episodes"] += 1
         lane.queue.put(group.index, builder.episode)

@@ -344,8 +344,7 @@ class RolloutScheduler:
             finally:
                 if isinstance(self.engine, EngineRouter):
                     self.engine.release(episode.traj_key)  # frees its replica slot in the router's balance
-            if session is not None:
-                lane.idle_sessions.append(session)
+            self.keep_session(lane, session)
             self.counters["episodes"] += 1
             return result
 
@@ -373,6 +372,14 @@ class RolloutScheduler:
                 return session
             self.discard_session(session)  # its server is draining or down
         return await lane.pool.open(lane.spec.env_id, lane.spec.env_config, tag=f"rank{self.rank}")
+
+    def keep_session(self, lane: LaneState, session: EnvSession | None) -> None:
+        """After an episode: ``session`` waits for the lane's next one, unless its env limits sessions at once
+        (its slot goes to the episode waiting for it)."""
+        if session is not None and session.gate is None:
+            lane.idle_sessions.append(session)
+        else:
+            self.discard_session(session)
 
     def discard_session(self, session: EnvSession | None) -> None:
         """Close ``session`` in the background."""

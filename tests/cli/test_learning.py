@@ -2,10 +2,11 @@
 
 The full recipes run 30 minutes (Sokoban, the main command) and 15 minutes (FrozenLake) per estimator
 (bench/learning_curve.py, docs/benchmarks.md). Here each runs a few hundred rollout steps with fixed seeds,
-evaluating 128 held-out seeds before the first update and at the end. The rollout is not bit-reproducible (the
-engine batches whatever requests are waiting, so the random draws land differently), hence margins, not golden
-values; each margin is set against the benchmark runs, named beside it. The runs start with the suite, at the
-lowest CPU priority, and these tests run last (`support.recipes`, ``tests/conftest.py``).
+evaluating held-out seeds before the first update and at the end (Sokoban also every 100 steps between). The
+rollout is not bit-reproducible (the engine batches whatever requests are waiting, so the random draws land
+differently), hence margins, not golden values; each margin is set against the benchmark runs, named beside it.
+The runs start with the suite, at the lowest CPU priority, and these tests run last (`support.recipes`,
+``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -33,21 +34,23 @@ def median(key: str, part: list[dict[str, str]]) -> float:
 def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
     """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps (the 30-minute run does ~2,000-2,800)
     with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512 held-out
-    levels instead of 128.
+    levels instead of 128, at step 0 and every 100 steps.
 
-    What 400 steps can show is the first phase of the benchmark curve: valid one-token moves and a move prior.
-    Four seeds (0-3) on 512 levels gained +12.5, +13.3, +15.0 and +12.9 points (docs/benchmarks.md); on 128
-    levels the difference of two evaluations moves by about +-4 points by itself, and CI once saw +5.5 with a
-    run whose training curve matched those seeds'. Hence 512 levels (standard error of the gain ~1.8 points) and a
-    margin of +8, 4.5 points under the worst seed. Training success per batch is noisier still (seed 3: 13.8% in
-    the first 50 steps, 14.7% in the last 50, while its held-out gain was +12.9), so it only may not fall. Reading
-    the board comes later (+25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the FrozenLake
-    test below covers a policy that reads its board."""
+    What 400 steps can show is the first phase of the benchmark curve: valid one-token moves and a move prior,
+    reached by step 100 and then held. The policy's move prior wanders from update to update, so one evaluation
+    at step 400 moves by several points by itself: six seeds here gained +10.2 to +23.1 points at step 400, and a
+    CI run +6.8 with a training curve like theirs. The mean of the four evaluations after step 0 is steadier:
+    +10.0 to +16.2 over the six seeds (median +13.0; `bench/seeds.py`, docs/benchmarks.md). Hence that mean, with
+    a margin of +6: 4 points under the worst seed, and about 4.5 standard errors of the 2,048 held-out episodes
+    above no change. Training success per batch is noisier still (seed 3 of an earlier set: 13.8% in the first 50
+    steps, 14.7% in the last 50, while its held-out gain was +12.9), so it only may not fall. Reading the board
+    comes later (+25 points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the FrozenLake test below
+    covers a policy that reads its board."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
     recipe = learning_recipes["test_the_main_command_learns_sokoban"]
     evals, train, stdout = recipe.result()
-    (_, before), (_, after) = evals
-    assert after - before >= 0.08, recipe.diagnosis()
+    before, after = evals[0][1], evals[-1][1]
+    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.06, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first), recipe.diagnosis()

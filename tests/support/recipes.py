@@ -18,14 +18,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config, rollout steps, more arguments)
-    # 512 held-out levels, not the config's 128: at 128 the two evaluations' difference moves by +-4 points by itself
-    "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400, ("--data.evaluation.episodes", "512")),
-    "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400, ()),
-    "test_a_chat_model_learns_to_use_tools": ("lookup.yaml", 60, ()),
+# test name -> (config, rollout steps, rollout steps between evaluations after the one at step 0, more arguments)
+RECIPES: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
+    # 512 held-out levels, not the config's 128 (at 128 one evaluation moves by +-4 points by itself), 4 times
+    "test_the_main_command_learns_sokoban": ("sokoban.yaml", 400, 100, ("--data.evaluation.episodes", "512")),
+    "test_the_cpu_recipe_learns_frozenlake": ("frozenlake_learn.yaml", 400, 400, ()),
+    "test_a_chat_model_learns_to_use_tools": ("lookup.yaml", 60, 60, ()),
     # the agent's path made absolute: the run's working folder is the recipe's own
     "test_a_policy_learns_through_the_users_agent_program": (
         "agent.yaml",
+        60,
         60,
         (
             "--data.rollout.envs",
@@ -48,6 +50,7 @@ RECIPES: dict[str, tuple[str, int, tuple[str, ...]]] = {  # test name -> (config
     "test_the_gpu_recipe_shape_learns_through_vllm": (
         "frozenlake_vllm.yaml",
         10,
+        10,
         (
             "--data.evaluation.episodes",
             "32",
@@ -64,17 +67,17 @@ HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started
 
 class Recipe:
     """``fit --config configs/<config>`` for ``steps`` rollout steps (``more``: further command-line settings),
-    evaluating at the start and the end, started now as a subprocess at the lowest CPU priority; `result` waits
-    for it."""
+    evaluating at the start and every ``eval_every`` steps, started now as a subprocess at the lowest CPU priority;
+    `result` waits for it."""
 
-    def __init__(self, config: str, steps: int, more: tuple[str, ...], folder: Path) -> None:
-        self.steps, self.folder = steps, folder
+    def __init__(self, config: str, steps: int, eval_every: int, more: tuple[str, ...], folder: Path) -> None:
+        self.steps, self.eval_every, self.folder = steps, eval_every, folder
         env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1"}
         self.stdout, self.stderr = (folder / "stdout.txt").open("w+"), (folder / "stderr.txt").open("w+")
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / config),
-                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(steps),
+                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(eval_every),
                 # steps decide the end, not the config's wall-clock budget: the run may share the machine
                 "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"), *more,
             ],
@@ -91,7 +94,7 @@ class Recipe:
         assert returncode == 0, stderr[-3000:]
         rows = list(csv.DictReader(next((self.folder / "run").rglob("metrics.csv")).open()))
         evals = [(int(r["step"]), float(r["eval/success_rate"])) for r in rows if r["eval/success_rate"]]
-        assert [step for step, _ in evals] == [0, self.steps]  # before any update, and after the last one
+        assert [step for step, _ in evals] == list(range(0, self.steps + 1, self.eval_every))  # from before any update
         train = [r for r in rows if r["rollout/success_rate"]]
         assert [int(r["step"]) for r in train] == list(range(1, self.steps + 1))  # the x axis: steps from 1
         return evals, train, stdout

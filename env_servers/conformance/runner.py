@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +31,15 @@ class CheckResult:
         return self.status == "FAIL"
 
 
-def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[bytes], str, list[str]]:
-    """Start ``command`` ({port} = a free port) and watch its health until SERVING; the states seen on the way."""
+def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """Start ``command`` ({port} = a free port) and watch its health until SERVING; the states seen on the way.
+    Its stderr goes to a file (``process.stderr_file``), whose last line `_check_launched` quotes."""
     port = free_port()
-    process = subprocess.Popen(shlex.split(command.replace("{port}", str(port))), stdout=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(
+        shlex.split(command.replace("{port}", str(port))), stdout=subprocess.DEVNULL, stderr=log, text=True
+    )
+    process.stderr_file = log  # type: ignore[attr-defined]
     address, states = f"127.0.0.1:{port}", []
     channel = grpc.insecure_channel(address)
     health = health_pb2_grpc.HealthStub(channel)
@@ -55,13 +61,18 @@ def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[bytes], str,
     return process, address, states
 
 
-def _check_launched(process: subprocess.Popen[bytes], states: list[str], timeout_s: float) -> None:
+def _check_launched(process: subprocess.Popen[str], states: list[str], timeout_s: float) -> None:
     """CheckFailed when the launched server is not SERVING: it exited, or it did not get there in time."""
     if states and states[-1] == "SERVING":
         return
     seen = f" (health states seen: {', '.join(states)})" if states else ""
     if process.poll() is not None:
-        raise CheckFailed(f"the launched server exited with code {process.returncode} before serving{seen}")
+        process.stderr_file.seek(0)  # type: ignore[attr-defined]
+        said = process.stderr_file.read().strip().splitlines()  # type: ignore[attr-defined]
+        raise CheckFailed(
+            f"the launched server exited with code {process.returncode} before serving{seen}"
+            + (f": {said[-1]}" if said else "")
+        )
     raise CheckFailed(
         f"the launched server did not report SERVING within {timeout_s:g}s{seen}; a slow start (a loaded "
         "machine, a large env) needs a longer --launch-timeout"

@@ -74,6 +74,15 @@ def test_a_port_in_use_is_one_line_naming_it(port_in_use: int) -> None:
     assert said == [f"error: cannot listen on 127.0.0.1:{port_in_use}: Address already in use"] * 2
 
 
+def test_conformance_on_a_launched_server_that_cannot_reach_its_env_quotes_the_reason() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    serve = f"{sys.executable} -m env_servers serve openenv:{dead} --port {{port}}"
+    (done,) = env_servers(["conformance", "--env", f"openenv:{dead}", "--launch", serve])
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "the launched server exited with code 2 before serving" in done.stdout, done.stdout
+    assert f"error: OpenEnv server {dead}: cannot connect ([Errno 111] Connection refused)" in done.stdout, done.stdout
+
+
 def test_a_launched_server_that_does_not_start_in_time_is_named_so() -> None:
     """Not "Connection refused": the start-up limit is the cause, and the line says how to raise it."""
     (done,) = env_servers(["conformance", "--env", "frozenlake", "--launch", "sleep 30", "--launch-timeout", "2"])

@@ -36,10 +36,15 @@ async def test_a_python_agent_on_the_openai_client_becomes_an_episode(endpoint: 
     assert (one.reward, two.reward, two.metrics, episode.score) == (0.0, 1.0, {"success": 1.0}, 1.0)  # 7 % 3
     assert episode.policy_version == 0 and episode.end_reason == "terminated"
     assert endpoint.episodes == {}  # finished and forgotten
+    # What the viewer shows: each call's new messages and the reply as text; no env judged the replies, so the
+    # episode has no invalid-reply rate (rather than a made-up 0)
+    assert (one.observation, two.observation) == ("[user] Task 7.", "[user] Go on.")
+    assert one.reply and one.reply in endpoint.tokenizer.decode(one.response_ids, skip_special_tokens=True)
+    assert "invalid_action_rate" not in episode.metrics() and "success" in episode.metrics()
     # GiGPO's state: the prompt. Another member on the same task saw the same first prompt, not the same second
     other = await run_agent_episode(endpoint, agent, Episode(group_index=3, member=2, seed=7, env_id="agent"))
-    assert other.turns[0].observation == one.observation != two.observation
-    assert (other.turns[1].observation == two.observation) == (other.turns[1].prompt_ids == two.prompt_ids)
+    assert other.turns[0].state == one.state != two.state and one.state.startswith("prompt ")
+    assert (other.turns[1].state == two.state) == (other.turns[1].prompt_ids == two.prompt_ids)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from roll_lightning.rollout.agents.endpoint_errors import RequestError, http_error, server_error
-from roll_lightning.rollout.agents.record import AgentCall, AgentEpisode, text_of
+from roll_lightning.rollout.agents.record import AgentCall, AgentEpisode, since_last_reply, text_of
 from roll_lightning.rollout.agents.runner import LOOPBACK
 from roll_lightning.rollout.engines.base import Generates, SamplingParams
 from roll_lightning.rollout.prompts.chat import reply_body
@@ -221,6 +221,8 @@ class AgentEndpoint:
                 logprobs=list(generation.logprobs),
                 policy_version=generation.policy_version,
                 finish_reason=generation.finish_reason,
+                shown=since_last_reply(messages),
+                reply=text_of(reply.get("content")),
             )
             episode.record(plan, call, self.stop_ids, reply)  # before answering: a vanished client loses nothing
             self.clamped += clamped

@@ -20,6 +20,8 @@ class AgentCall:
     logprobs: list[float]
     policy_version: int
     finish_reason: str
+    shown: str = ""  # what the call showed the model since its last reply, as text (the viewer's observation)
+    reply: str = ""  # the reply's text as returned
 
 
 @dataclass
@@ -102,6 +104,13 @@ def normalised(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("role") == "tool":
         out["tool_call_id"] = message.get("tool_call_id", "")
     return out
+
+
+def since_last_reply(messages: list[dict[str, Any]]) -> str:
+    """The messages after the conversation's last assistant turn (all of them for a first call), one
+    ``[role] text`` block each: what the model was shown anew."""
+    start = max((i + 1 for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+    return "\n\n".join(f"[{m.get('role')}] {text_of(m.get('content'))}" for m in messages[start:])
 
 
 def text_of(content: Any) -> str:

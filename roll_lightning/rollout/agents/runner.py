@@ -142,10 +142,13 @@ def _filled(episode: Episode, record: AgentEpisode) -> Episode:
             logprobs=call.logprobs,
             finish_reason=call.finish_reason,
             policy_version=call.policy_version,
-            observation=prompt_state(call.prompt_ids),
+            observation=call.shown,
+            reply=call.reply,
+            anchor=prompt_state(call.prompt_ids),
         )
         for call in record.calls
     ]
+    episode.replies_judged = False
     last = episode.turns[-1]
     last.reward, last.metrics = record.reward, dict(record.metrics)
     episode.end_reason = "terminated"

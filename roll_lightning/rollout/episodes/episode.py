@@ -41,7 +41,7 @@ class Turn:
     logprobs: list[float]
     finish_reason: str
     policy_version: int
-    observation: str  # what the agent saw when it replied (GiGPO's anchor state)
+    observation: str  # what the agent saw when it replied (GiGPO's anchor state, unless ``anchor`` is set)
     images: tuple[PromptImage, ...] = ()  # the pictures of ``prompt_ids``, in order
     observation_images: tuple[PromptImage, ...] = ()  # the pictures of ``observation`` (what the agent saw)
     reply: str = ""  # the assistant message: the reply prefix (a prompt part, not sampled), then the reply
@@ -54,6 +54,12 @@ class Turn:
     generate_s: float = 0.0
     env_s: float = 0.0
     redone: int = 0  # times a suspend aborted this turn's reply before it was asked again (on_suspend: abort)
+    anchor: str = ""  # GiGPO's step state when it is not ``observation`` (an agent's call: its whole prompt, hashed)
+
+    @property
+    def state(self) -> str:
+        """The state GiGPO groups this turn's step by."""
+        return self.anchor or self.observation
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Episode:
     tag: str = ""  # the env's tag in a multi-env run (rollout.envs); "" = the env id
     image_encode_s: float = 0.0  # time the model's image processor took over this episode's pictures
     final_images: tuple[PromptImage, ...] = ()  # the pictures of ``final_observation``
+    replies_judged: bool = True  # False: an agent's calls, which no env judges (no invalid-reply rate)
 
     @property
     def group_key(self) -> str:
@@ -99,7 +106,11 @@ class Episode:
             "success": float(last.get("success", 0.0)),
             "return": self.score,
             "turns": float(n),
-            "invalid_action_rate": sum(not t.action_valid for t in self.turns) / n if n else 0.0,
+            **(
+                {"invalid_action_rate": sum(not t.action_valid for t in self.turns) / n if n else 0.0}
+                if self.replies_judged
+                else {}
+            ),
             "response_tokens": float(sum(len(t.response_ids) for t in self.turns)),
             "truncated_replies": float(sum(t.finish_reason == "length" for t in self.turns)),
             "env_latency_s": sum(t.env_s for t in self.turns) / n if n else 0.0,

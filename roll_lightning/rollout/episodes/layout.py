@@ -91,7 +91,7 @@ class Trajectory(Layout):
         return [
             Row(
                 ids, response, logprobs, rewards, step_score=episode.score, step=len(episode.turns),
-                version=episode.policy_version, anchor=episode.turns[0].observation, episode=episode,
+                version=episode.policy_version, anchor=episode.turns[0].state, episode=episode,
                 images=tuple(image for turn in episode.turns for image in turn.images),
             )
         ]  # fmt: skip
@@ -119,7 +119,7 @@ class Step(Layout):
                 Row(
                     ids, [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
                     [0.0] * len(turn.prompt_ids) + turn.logprobs, [(len(ids) - 1, turn.reward)],
-                    step_score=turn.reward, step=k, version=turn.policy_version, anchor=turn.observation,
+                    step_score=turn.reward, step=k, version=turn.policy_version, anchor=turn.state,
                     episode=episode, images=turn.images,
                 )
             )  # fmt: skip

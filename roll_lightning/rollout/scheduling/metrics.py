@@ -32,7 +32,6 @@ def batch_metrics(
         "rollout/return_mean": mean("return"),
         "rollout/return_max": max((m["return"] for m in per_episode), default=0.0),
         "rollout/turns_mean": mean("turns"),
-        "rollout/invalid_action_rate": mean("invalid_action_rate"),
         # per reply (a one-token reply reads 1.0), not per episode
         "rollout/response_tokens_mean": (
             sum(m["response_tokens"] for m in per_episode) / max(1.0, sum(m["turns"] for m in per_episode))
@@ -54,6 +53,9 @@ def batch_metrics(
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }
+    judged = [m["invalid_action_rate"] for m in per_episode if "invalid_action_rate" in m]
+    if judged:  # agents' calls have no judge: no rate rather than a made-up 0
+        out["rollout/invalid_action_rate"] = fmean(judged)
     out.update(tool_metrics(episodes))
     if scheduler.config.tagged:
         for lane in scheduler.lanes:
@@ -93,7 +95,11 @@ TAG_METRICS = (
 def tag_metrics(tag: str, per_episode: list[dict[str, float]]) -> dict[str, float]:
     """One tag's share of a batch: `TAG_METRICS` and its episode count."""
     mean = _means(per_episode)
-    out = {f"{space}/{tag}/{name}": mean(key) for space, name, key in TAG_METRICS}
+    out = {
+        f"{space}/{tag}/{name}": mean(key)
+        for space, name, key in TAG_METRICS
+        if all(key in m for m in per_episode)  # an agent's tag has no invalid-reply rate
+    }
     out[f"rollout/{tag}/episodes"] = float(len(per_episode))
     return out
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from support.cli import ROOT, cli_env, dumped_episodes, logged_metrics
 
+from env_servers.ports import free_port
+
 DOC = ROOT / "docs" / "agents.md"
 
 
@@ -33,7 +35,7 @@ def test_every_code_snippet_is_a_file_and_the_install_names_the_agent_extra() ->
     files = {path.read_text(encoding="utf-8") for path in [*ROOT.glob("examples/**/*"), *ROOT.glob("configs/*")]
              if path.is_file()}  # fmt: skip
     code = [(lang, text) for lang, text in _snippets() if lang != "bash"]
-    assert [lang for lang, _ in code] == ["python", "yaml"]
+    assert [lang for lang, _ in code] == ["python", "yaml", "python", "yaml"]
     for lang, text in code:
         assert text in files, f"this {lang} snippet of docs/agents.md is no file under examples/ or configs/"
     (install,) = _commands("pip install")
@@ -45,7 +47,7 @@ def test_every_code_snippet_is_a_file_and_the_install_names_the_agent_extra() ->
 
 
 def test_the_docs_fit_command_runs_as_written(tmp_path: Path) -> None:
-    (command,) = _commands("python -m roll_lightning fit")
+    (command,) = [c for c in _commands("python -m roll_lightning fit") if "my_run.yaml" in c]
     root = tmp_path / "run"
     here = Path(sys.executable).parent.absolute()  # not on PATH: `python` must still be this interpreter
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p).absolute() != here)
@@ -61,3 +63,32 @@ def test_the_docs_fit_command_runs_as_written(tmp_path: Path) -> None:
     assert logged["rollout/agent_max_tokens_clamped_total"] >= 3 * 4  # every trained agent call asked for 512
     mine = [ep for ep in dumped_episodes(root) if ep["tag"] == "mine"]
     assert mine and all(len(ep["turns"]) == 1 for ep in mine)  # its one call, one row
+
+
+def test_the_built_in_env_agent_plays_frozenlake_through_the_env_client(tmp_path: Path) -> None:
+    """The docs' two commands as written, but for the server's port: a free one, given to the agent as
+    ROLL_ENV_ADDRESS. Every member plays its map move by move, one call (one row) per move."""
+    (serve,) = _commands("python -m env_servers serve frozenlake")
+    (command,) = [c for c in _commands("python -m roll_lightning fit") if "lake_run.yaml" in c]
+    port = free_port()
+    argv = [sys.executable, *shlex.split(serve.rstrip(" &").replace("50051", str(port)))[1:]]
+    server = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().startswith("{"), "the server did not start"
+        root = tmp_path / "run"
+        done = subprocess.run(
+            [sys.executable, *shlex.split(command)[1:], "--trainer.default_root_dir", str(root),
+             "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root)],
+            cwd=ROOT, env=cli_env(tmp_path, ROLL_ENV_ADDRESS=f"127.0.0.1:{port}"), capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert done.returncode == 0, done.stderr[-4000:]
+    logged = logged_metrics(root)
+    assert logged["rollout/lake_agent/episodes"] == 8 and logged["env/episode_retries_total"] == 0
+    played = [ep for ep in dumped_episodes(root) if ep["tag"] == "lake_agent"]
+    assert played and all(1 <= len(ep["turns"]) <= 4 for ep in played)
+    assert any(len(ep["turns"]) > 1 for ep in played), "some map took more than one move"
+    first = played[0]["turns"][0]["observation"]
+    assert first.startswith("[system] You are playing FrozenLake.") and "[user] " in first  # the board, as text

@@ -1,10 +1,16 @@
-"""`EvalReport` (a held-out evaluation's line) and `FitRecord`."""
+"""`EvalReport` (a held-out evaluation's line), `episode_lines` (one played episode, as `validate` shows it) and
+`FitRecord`."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from roll_lightning.rollout.episodes.episode import Episode
+
+SHOWN_CHARS = 90  # of each observation and reply in `episode_lines`
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,28 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def episode_lines(episode: Episode, rows: int) -> list[str]:
+    """One episode as training would record it: a header (tag, seed, member, turns, rows, return, how it ended,
+    an agent's refused calls), then each turn: what it showed, the reply, its reward."""
+    turns = len(episode.turns)
+    refused = f", {episode.refused_calls} call(s) refused" if episode.refused_calls else ""
+    lines = [
+        f"episode {episode.tag or episode.env_id} seed {episode.seed} member {episode.member}: {turns} turn(s) in "
+        f"{rows} row(s), return {episode.score:+.2f}, {episode.end_reason}{refused}"
+    ]
+    for k, turn in enumerate(episode.turns, 1):
+        valid = "" if turn.action_valid or not episode.replies_judged else " (invalid)"
+        lines.append(
+            f"  {k}. saw {_short(turn.observation)} -> replied {_short(turn.reply)}{valid}, reward {turn.reward:+.2f}"
+        )
+    return lines
+
+
+def _short(text: str) -> str:
+    flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return repr(flat if len(flat) <= SHOWN_CHARS else flat[: SHOWN_CHARS - 3] + "...")
 
 
 @dataclass

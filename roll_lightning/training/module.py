@@ -29,7 +29,7 @@ from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.training.estimate import estimate_advantages
-from roll_lightning.training.eval_report import EvalReport, FitRecord
+from roll_lightning.training.eval_report import EvalReport, FitRecord, episode_lines
 from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weights import policy_update
@@ -421,6 +421,9 @@ class AgentRLModule(L.LightningModule):
             episodes = len(batch.episode_metrics) * self.trainer.world_size
             report = EvalReport.of(self.steps_done, self._reduced(metrics), 0.0, None, episodes)
             rank_zero_info(report.validate_line())
+            rollout = rollout_of(self.trainer)
+            for episode in batch.episodes[: rollout.evaluation.show_episodes if rollout is not None else 0]:
+                rank_zero_info("\n".join(episode_lines(episode, batch.traj_id.count(episode.traj_key))))
 
     def on_validation_start(self) -> None:
         self._catch_up()

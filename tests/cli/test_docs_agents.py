@@ -5,6 +5,7 @@ made-up model, and its command's `python` is the trainer's interpreter even when
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -92,3 +93,46 @@ def test_the_built_in_env_agent_plays_frozenlake_through_the_env_client(tmp_path
     assert any(len(ep["turns"]) > 1 for ep in played), "some map took more than one move"
     first = played[0]["turns"][0]["observation"]
     assert first.startswith("[system] You are playing FrozenLake.") and "[user] " in first  # the board, as text
+
+
+def test_the_docs_try_command_plays_and_shows_episodes_without_training(tmp_path: Path) -> None:
+    """`validate` with ``show_episodes``, as written: each episode as training would record it, no update (no
+    checkpoint written), and an agent's refused call counted (an agent whose first call asks for two choices)."""
+    (command,) = _commands("python -m roll_lightning validate")
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:], "--trainer.default_root_dir", str(root)],
+        cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    said = done.stdout + done.stderr
+    assert "validate: held-out success" in said and "over 4 episodes" in said, said[-3000:]
+    mine = re.findall(r"episode mine seed \d+ member 0: 1 turn\(s\) in 1 row\(s\), return [+-][\d.]+, terminated", said)
+    lake = re.findall(r"episode lake seed \d+ member 0: \d turn\(s\) in \d row\(s\)", said)
+    assert len(mine) == len(lake) == 2, said[-3000:]
+    assert re.search(r"  1\. saw '\[user\] Puzzle \d+ \(easy\): what comes next\?' -> replied ", said), said[-3000:]
+    assert not list(root.rglob("*.ckpt")), "validate trains nothing and saves nothing"
+    agent = tmp_path / "refused_once.py"
+    agent.write_text(REFUSED_ONCE)
+    entry = {"tag": "mine", "env_id": "my-agent", "agent": {"command": [sys.executable, str(agent)]}}
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:], "--trainer.default_root_dir", str(root),
+         "--data.rollout.envs", json.dumps([entry]), "--data.evaluation.episodes", "1"],
+        cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "1 turn(s) in 1 row(s), return +1.00, terminated, 1 call(s) refused" in done.stdout + done.stderr
+
+
+REFUSED_ONCE = """import json, os, urllib.error, urllib.request
+def post(url, body):
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(request))
+messages = [{"role": "user", "content": "Hello."}]
+try:
+    post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", {"model": "m", "messages": messages, "n": 2})
+except urllib.error.HTTPError as refused:
+    assert refused.code == 400
+post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", {"model": "m", "messages": messages})
+post(os.environ["ROLL_REWARD_URL"], {"reward": 1.0})
+"""

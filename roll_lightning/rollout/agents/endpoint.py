@@ -134,12 +134,15 @@ class AgentEndpoint:
         return episode
 
     async def _chat(self, request: Request) -> JSONResponse:
+        episode = None
         try:
             self._authorise(request)
             episode = self._episode(request)
             body = await self._body(request)
             return JSONResponse(await self._answer(episode, body))
         except RequestError as error:
+            if episode is not None:
+                episode.refused += 1  # not recorded, so not trained; `validate` shows the count
             return error.response()
 
     async def _models(self, request: Request) -> JSONResponse:

@@ -53,6 +53,7 @@ class AgentEpisode:
     finished: bool = False
     reward: float | None = None  # None: not reported yet
     metrics: dict[str, float] = field(default_factory=dict)
+    refused: int = 0  # calls answered with an error, not recorded
 
     def plan(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> Plan:
         """The last segment extended when ``messages`` extend it, else a new segment."""

@@ -148,7 +148,7 @@ def _filled(episode: Episode, record: AgentEpisode) -> Episode:
         )
         for call in record.calls
     ]
-    episode.replies_judged = False
+    episode.replies_judged, episode.refused_calls = False, record.refused
     last = episode.turns[-1]
     last.reward, last.metrics = record.reward, dict(record.metrics)
     episode.end_reason = "terminated"

@@ -224,6 +224,9 @@ class EvalConfig:
         envs: held-out envs (ROLL's validation tags), e.g. sizes training never plays: a list of ``{tag, env_id,
             env_config, episodes, episode, endpoints}`` (`rollout.config.envs.EvalEnv`); metrics per tag under
             ``eval/<tag>/...``. Empty: the training envs, ``episodes`` held-out starts each.
+        show_episodes: ``validate`` prints this many of the episodes it played, call by call, as training would
+            record them (what each turn showed, the reply, rows, rewards, an agent's refused calls): an env or an
+            agent tried against the current policy, or a checkpoint, without an update.
     """
 
     episodes: int = 32
@@ -232,10 +235,12 @@ class EvalConfig:
     during_fit: bool = False
     at_fit_start: bool = False
     envs: list[EvalEnv] = field(default_factory=list)
+    show_episodes: int = 0
 
     def __post_init__(self) -> None:
         rules = {
             "episodes": (self.episodes >= 1, ">= 1"),
+            "show_episodes": (self.show_episodes >= 0, ">= 0"),
             "temperature": (self.temperature >= 0, ">= 0 (0 = greedy)"),
             "max_new_tokens": (self.max_new_tokens is None or self.max_new_tokens >= 1, ">= 1, or null"),
         }

@@ -81,6 +81,7 @@ class Episode:
     image_encode_s: float = 0.0  # time the model's image processor took over this episode's pictures
     final_images: tuple[PromptImage, ...] = ()  # the pictures of ``final_observation``
     replies_judged: bool = True  # False: an agent's calls, which no env judges (no invalid-reply rate)
+    refused_calls: int = 0  # an agent's calls the endpoint refused (not recorded, so not trained)
 
     @property
     def group_key(self) -> str:

@@ -5,6 +5,7 @@ made-up model, and its command's `python` is the trainer's interpreter even when
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -136,3 +137,21 @@ except urllib.error.HTTPError as refused:
 post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", {"model": "m", "messages": messages})
 post(os.environ["ROLL_REWARD_URL"], {"reward": 1.0})
 """
+
+
+def test_an_openai_agents_sdk_agent_trains_as_written(tmp_path: Path) -> None:
+    """`examples/agents/sdk_agent.py` (the OpenAI Agents SDK, unmodified but for the endpoint the trainer gives it)
+    trains: every call answered, every update with a signal, the engine's log-probs the trainer's."""
+    (command,) = [c for c in _commands("python -m roll_lightning fit") if "sdk_run.yaml" in c]
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:], "--model.rollout_steps", "2", "--trainer.default_root_dir",
+         str(root), "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root)],
+        cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [r for r in csv.DictReader(next(root.rglob("metrics.csv")).open()) if r.get("train/update_skipped")]
+    assert len(rows) == 2 and all(float(r["rollout/walker/episodes"]) == 8 for r in rows)
+    assert all(float(r["train/update_skipped"]) == 0.0 and float(r["train/zero_advantage_share"]) < 1 for r in rows)
+    assert all(float(r["train/logprob_gap"]) < 1e-4 for r in rows), [r["train/logprob_gap"] for r in rows]
+    assert float(rows[-1]["env/episode_retries_total"]) == 0  # not one failed call

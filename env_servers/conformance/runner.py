@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,15 +31,14 @@ class CheckResult:
         return self.status == "FAIL"
 
 
-def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[str], str, list[str]]:
-    """Start ``command`` ({port} = a free port) and watch its health until SERVING; the states seen on the way.
-    Its stderr goes to a file (``process.stderr_file``), whose last line `_check_launched` quotes."""
+def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[str], str, list[str], IO[str]]:
+    """Start ``command`` ({port} = a free port) and watch its health until SERVING: the process, its address,
+    the states seen on the way, and its stderr (a file, whose last line `_check_launched` quotes)."""
     port = free_port()
     log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
         shlex.split(command.replace("{port}", str(port))), stdout=subprocess.DEVNULL, stderr=log, text=True
     )
-    process.stderr_file = log  # type: ignore[attr-defined]
     address, states = f"127.0.0.1:{port}", []
     channel = grpc.insecure_channel(address)
     health = health_pb2_grpc.HealthStub(channel)
@@ -58,17 +57,17 @@ def _launch(command: str, timeout: float) -> tuple[subprocess.Popen[str], str, l
             time.sleep(0.01)
     finally:
         channel.close()
-    return process, address, states
+    return process, address, states, log
 
 
-def _check_launched(process: subprocess.Popen[str], states: list[str], timeout_s: float) -> None:
+def _check_launched(process: subprocess.Popen[str], states: list[str], stderr: IO[str], timeout_s: float) -> None:
     """CheckFailed when the launched server is not SERVING: it exited, or it did not get there in time."""
     if states and states[-1] == "SERVING":
         return
     seen = f" (health states seen: {', '.join(states)})" if states else ""
     if process.poll() is not None:
-        process.stderr_file.seek(0)  # type: ignore[attr-defined]
-        said = process.stderr_file.read().strip().splitlines()  # type: ignore[attr-defined]
+        stderr.seek(0)
+        said = stderr.read().strip().splitlines()
         raise CheckFailed(
             f"the launched server exited with code {process.returncode} before serving{seen}"
             + (f": {said[-1]}" if said else "")
@@ -114,9 +113,9 @@ def run_conformance(
     """Run the checks (all, or ``only`` these names, in suite order); returns check name -> outcome."""
     from env_servers.conformance import CHECKS
 
-    process, states = None, []
+    process, states, stderr = None, [], None
     if launch:
-        process, address, states = _launch(launch, timeout=launch_timeout_s)
+        process, address, states, stderr = _launch(launch, timeout=launch_timeout_s)
     if address is None:
         raise ValueError("give the server's address, or --launch a command that starts it")
     target = Target(address, env_id, dict(config or {}), token)
@@ -124,8 +123,8 @@ def run_conformance(
     results: dict[str, CheckResult] = {}
     try:
         try:
-            if process is not None:
-                _check_launched(process, states, launch_timeout_s)
+            if process is not None and stderr is not None:
+                _check_launched(process, states, stderr, launch_timeout_s)
             spec, info = _prepare(target)
         except CheckFailed as err:
             results["connect"] = CheckResult("FAIL", str(err))
@@ -149,6 +148,8 @@ def run_conformance(
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()
+        if stderr is not None:
+            stderr.close()
     return results
 
 

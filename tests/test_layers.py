@@ -14,7 +14,7 @@ PACKAGE = ROOT / "roll_lightning"
 
 FLOORS: list[set[str]] = [  # bottom first (docs/architecture.md draws the same picture)
     {"protocol", "_compat", "quiet", "settings", "algorithms", "models", "checkpoints"},  # stubs, pure parts
-    {"env_client"},  # the env client (grpc only, no torch)
+    {"env_client", "agent_client"},  # the env client (grpc only, no torch); a long-running agent's loop (httpx)
     {"rollout", "exits"},  # episodes, engines, the scheduler, the datamodule; how a run ends
     {"training"},  # the LightningModule, its weight sync and GPU handoff, configs, LoRA
     {"callbacks", "checks"},  # optional callbacks; the GPU check

@@ -37,7 +37,7 @@ def test_every_code_snippet_is_a_file_and_the_install_names_the_agent_extra() ->
     files = {path.read_text(encoding="utf-8") for path in [*ROOT.glob("examples/**/*"), *ROOT.glob("configs/*")]
              if path.is_file()}  # fmt: skip
     code = [(lang, text) for lang, text in _snippets() if lang != "bash"]
-    assert [lang for lang, _ in code] == ["python", "yaml", "python", "yaml"]
+    assert [lang for lang, _ in code] == ["python", "yaml"] * 3
     for lang, text in code:
         assert text in files, f"this {lang} snippet of docs/agents.md is no file under examples/ or configs/"
     (install,) = _commands("pip install")
@@ -63,8 +63,29 @@ def test_the_docs_fit_command_runs_as_written(tmp_path: Path) -> None:
     assert logged["rollout/mine/episodes"] == logged["rollout/lake/episodes"] == 4  # a group of each per step
     assert logged["env/episode_retries_total"] == 0  # not one failed episode: every agent call was answered
     assert logged["rollout/agent_max_tokens_clamped_total"] >= 3 * 4  # every trained agent call asked for 512
+    assert logged["rollout/agent_starts_total"] >= 3 * 4  # a program per episode
     mine = [ep for ep in dumped_episodes(root) if ep["tag"] == "mine"]
     assert mine and all(len(ep["turns"]) == 1 for ep in mine)  # its one call, one row
+
+
+def test_the_docs_long_running_agent_plays_every_episode_from_one_process(tmp_path: Path) -> None:
+    """The same agent with ``lifetime: run``, as written: one start for the run, every call answered, its episodes
+    trained beside FrozenLake's."""
+    (command,) = [c for c in _commands("python -m roll_lightning fit") if "my_service_run.yaml" in c]
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:], "--trainer.default_root_dir", str(root),
+         "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root)],
+        cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    logged = logged_metrics(root)
+    assert logged["rollout/mine/episodes"] == logged["rollout/lake/episodes"] == 4
+    assert logged["rollout/agent_starts_total"] == 1  # one program played every episode of the run
+    assert logged["env/episode_retries_total"] == 0 and logged["rollout/agent_max_tokens_clamped_total"] >= 3 * 4
+    mine = [ep for ep in dumped_episodes(root) if ep["tag"] == "mine"]
+    assert mine and all(len(ep["turns"]) == 1 and ep["turns"][0]["observation"].startswith("[user] Puzzle ")
+                        for ep in mine)  # fmt: skip
 
 
 def test_the_built_in_env_agent_plays_frozenlake_through_the_env_client(tmp_path: Path) -> None:

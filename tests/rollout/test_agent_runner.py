@@ -77,6 +77,8 @@ def test_the_command_is_checked() -> None:
         AgentCommand(())
     with pytest.raises(ValueError, match="agent.deadline_s"):
         AgentCommand(("x",), deadline_s=0)
+    with pytest.raises(ValueError, match="agent.lifetime must be episode or run, got 'forever'"):
+        AgentCommand(("x",), lifetime="forever")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="agent.listen='0.0.0.0' is not loopback: set agent.token"):
         AgentCommand(("x",), listen="0.0.0.0")
     assert AgentCommand(("x",), listen="0.0.0.0", advertise="10.0.0.5", token="t").advertise == "10.0.0.5"

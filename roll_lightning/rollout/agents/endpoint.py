@@ -14,17 +14,18 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from roll_lightning.rollout.agents.chat_request import number, read_chat_request
 from roll_lightning.rollout.agents.endpoint_errors import RequestError, http_error, server_error
+from roll_lightning.rollout.agents.handout import Handout
 from roll_lightning.rollout.agents.record import AgentCall, AgentEpisode, since_last_reply, text_of
 from roll_lightning.rollout.agents.runner import LOOPBACK
-from roll_lightning.rollout.engines.base import Generates, SamplingParams
+from roll_lightning.rollout.engines.base import Generates
 from roll_lightning.rollout.prompts.chat import reply_body
 from roll_lightning.rollout.prompts.tool_calls import ToolParser, tool_parser_named
 
-ROLES = ("system", "user", "assistant", "tool")
 SERVED_MODEL = "policy"  # the one model `GET /models` lists; a call's own `model` is not checked (docs/agents.md)
 
 
@@ -70,11 +71,14 @@ class AgentEndpoint:
         self.episodes: dict[str, AgentEpisode] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.clamped = 0  # calls whose max_tokens was over ``config.max_tokens``, since the start
+        self.handout = Handout()
         self.app = Starlette(
             routes=[
                 Route("/episodes/{key}/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/episodes/{key}/v1/models", self._models, methods=["GET"]),
                 Route("/episodes/{key}/reward", self._reward, methods=["POST"]),
+                Route("/episodes/{key}/failed", self._failed, methods=["POST"]),
+                Route("/agent/next", self._next, methods=["GET"]),  # long-running agents take episodes here
             ],
             # unknown routes, wrong methods and bugs answer OpenAI-style too, not in plain text
             exception_handlers={HTTPException: http_error, 500: server_error},
@@ -101,6 +105,7 @@ class AgentEndpoint:
         return self.base
 
     async def stop(self) -> None:
+        await self.handout.close()  # long polls answer 410 now, so the server need not wait for them
         if self._server is not None:
             self._server.should_exit = True
             await self._task
@@ -126,11 +131,21 @@ class AgentEndpoint:
         """Where an episode's agent reports its reward."""
         return f"{self.base}/episodes/{key}/reward"
 
+    def agent_url(self) -> str:
+        """Where long-running agents take episodes: ``GET {agent_url}/next``."""
+        return f"{self.base}/agent"
+
+    def handed(self, key: str, task: dict[str, Any]) -> dict[str, Any]:
+        """An episode as `GET /agent/next` hands it to an agent."""
+        urls = {"base_url": self.url(key), "reward_url": self.reward_url(key)}
+        return {"key": key, **urls, "failed_url": f"{self.base}/episodes/{key}/failed", "task": task}
+
     def finish(self, key: str) -> AgentEpisode:
         """Close an episode (later calls get 404) and return its record."""
         episode = self.episodes.pop(key)
         self._locks.pop(key, None)
         episode.finished = True
+        self.handout.withdraw(key)
         return episode
 
     async def _chat(self, request: Request) -> JSONResponse:
@@ -161,14 +176,54 @@ class AgentEndpoint:
             episode = self._episode(request)
             body = await self._body(request)
             reward, metrics = body.get("reward"), body.get("metrics", {})
-            if not _number(reward) or reward != reward or abs(reward) == float("inf"):
+            if not number(reward) or reward != reward or abs(reward) == float("inf"):
                 raise RequestError(400, f"reward={reward!r} is not a finite number", "reward")
-            if not isinstance(metrics, dict) or not all(isinstance(k, str) and _number(v) for k, v in metrics.items()):
+            if not isinstance(metrics, dict) or not all(isinstance(k, str) and number(v) for k, v in metrics.items()):
                 raise RequestError(400, "metrics must map names to numbers", "metrics")
-            if episode.reward is not None:
-                raise RequestError(409, "the episode's reward was already reported", "reward", "conflict_error")
+            if episode.ended.is_set():
+                why = "was already reported" if episode.error is None else "cannot follow a `failed` report"
+                raise RequestError(409, f"the episode's reward {why}", "reward", "conflict_error")
             episode.reward, episode.metrics = float(reward), {k: float(v) for k, v in metrics.items()}
+            episode.ended.set()
             return JSONResponse({"ok": True})
+        except RequestError as error:
+            return error.response()
+
+    async def _failed(self, request: Request) -> JSONResponse:
+        """``{"error": text}``: a long-running agent gives an episode up (it fails; the agent plays on)."""
+        try:
+            self._authorise(request)
+            episode = self._episode(request)
+            error = (await self._body(request)).get("error")
+            if not isinstance(error, str) or not error.strip():
+                raise RequestError(400, "error must be a non-empty string saying why", "error")
+            if episode.ended.is_set():
+                raise RequestError(409, "the episode already ended", "error", "conflict_error")
+            episode.error = error.strip()[:2000]
+            episode.ended.set()
+            return JSONResponse({"ok": True})
+        except RequestError as error:
+            return error.response()
+
+    async def _next(self, request: Request) -> Response:
+        """The next episode for a long-running agent (`handed`), after up to ``?wait=`` seconds (default 30): 204
+        when none came, 410 once the run is ending (the agent should exit)."""
+        try:
+            self._authorise(request)
+            try:
+                wait_s = float(request.query_params.get("wait", "30"))
+            except ValueError:
+                raise RequestError(400, "wait must be a number of seconds", "wait") from None
+            if not 0 <= wait_s < float("inf"):
+                raise RequestError(400, "wait must be a number of seconds", "wait")
+            if self.handout.closed:
+                raise RequestError(410, "the run is ending: no more episodes", kind="gone")
+            taken = await self.handout.take(wait_s)
+            if taken is None:
+                if self.handout.closed:
+                    raise RequestError(410, "the run is ending: no more episodes", kind="gone")
+                return Response(status_code=204)
+            return JSONResponse(self.handed(*taken))
         except RequestError as error:
             return error.response()
 
@@ -201,7 +256,8 @@ class AgentEndpoint:
         return body
 
     async def _answer(self, episode: AgentEpisode, body: dict[str, Any]) -> dict[str, Any]:
-        messages, tools, params, want_logprobs, clamped = self._read(body)
+        asked = read_chat_request(body, self.config.max_tokens, self.config.temperature)
+        messages, tools = asked.messages, asked.tools
         async with self._locks.setdefault(episode.key, asyncio.Lock()):  # an episode's calls, one at a time
             limit = self.config.max_turns
             if limit is not None and len(episode.calls) >= limit:
@@ -214,7 +270,7 @@ class AgentEndpoint:
             budget = self.config.max_context_tokens - len(prompt)
             if budget < 1:
                 raise RequestError(413, f"the prompt is {len(prompt)} tokens, over the context budget", "messages")
-            params = params.replace(max_new_tokens=min(params.max_new_tokens, budget))
+            params = asked.sampling.replace(max_new_tokens=min(asked.sampling.max_new_tokens, budget))
             generation = await self.engine.generate(prompt, params, key=episode.key)
             reply = _assistant_message(self.tokenizer, self.parser, generation.token_ids, self.stop_ids, bool(tools))
             call = AgentCall(
@@ -228,10 +284,10 @@ class AgentEndpoint:
                 reply=text_of(reply.get("content")),
             )
             episode.record(plan, call, self.stop_ids, reply)  # before answering: a vanished client loses nothing
-            self.clamped += clamped
+            self.clamped += asked.clamped
         finish = "tool_calls" if reply.get("tool_calls") else generation.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}
-        if want_logprobs:
+        if asked.logprobs:
             choice["logprobs"] = {"content": self._token_logprobs(generation.token_ids, generation.logprobs)}
         return {
             "id": f"chatcmpl-{episode.key}-{len(episode.calls)}",
@@ -246,49 +302,6 @@ class AgentEndpoint:
                 "total_tokens": len(prompt) + len(generation.token_ids),
             },
         }
-
-    def _read(self, body: dict[str, Any]) -> tuple[list[dict], list[dict] | None, SamplingParams, bool, bool]:
-        """The request's messages, tools, sampling, whether log-probs are wanted and whether its ``max_tokens`` was
-        clamped to the run's reply budget; 400 naming a bad field."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages must be a non-empty list", "messages")
-        for k, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES:
-                raise RequestError(400, f"messages[{k}].role must be one of {', '.join(ROLES)}", f"messages[{k}]")
-            content = m.get("content")
-            if not (content is None or isinstance(content, str) or _text_parts(content)):
-                raise RequestError(400, f"messages[{k}].content must be text", f"messages[{k}].content")
-        tools = body.get("tools")
-        if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
-            raise RequestError(400, "tools must be a list of {type: function, function: {name, ...}}", "tools")
-        if body.get("n", 1) != 1:
-            raise RequestError(400, "only n=1 is supported", "n")
-        if body.get("stream"):
-            raise RequestError(400, "streaming is not supported", "stream")
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        budget = next(
-            (body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
-            self.config.max_tokens,
-        )
-        checks = {
-            "temperature": (body.get("temperature", 1.0), lambda v: _number(v) and 0 <= v <= 2),
-            "top_p": (body.get("top_p", 1.0), lambda v: _number(v) and 0 < v <= 1),
-            "max_tokens": (budget, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-            "stop": (stop, lambda v: isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
-            "logprobs": (body.get("logprobs", False), lambda v: isinstance(v, bool)),
-        }
-        for name, (value, ok) in checks.items():
-            if not ok(value):
-                raise RequestError(400, f"{name}={value!r} is not allowed", name)
-        clamped = budget > self.config.max_tokens  # the run's reply budget: a reply cut there ends with "length"
-        budget = min(budget, self.config.max_tokens)
-        temperature, top_p = body.get("temperature", 1.0), body.get("top_p", 1.0)
-        if self.config.temperature is not None:
-            temperature, top_p = self.config.temperature, 1.0
-        params = SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, stop=tuple(stop))
-        return messages, tools, params, body.get("logprobs", False), clamped
 
     def _token_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
         out = []
@@ -311,18 +324,6 @@ def _assistant_message(
             for k, c in enumerate(calls)
         ]
     return message
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _text_parts(content: Any) -> bool:
-    return isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content)
-
-
-def _is_tool(tool: Any) -> bool:
-    return isinstance(tool, dict) and isinstance(tool.get("function"), dict) and "name" in tool["function"]
 
 
 __all__ = ["AgentEndpoint", "EndpointConfig", "RequestError", "text_of"]

@@ -4,6 +4,7 @@ reply ids stay as sampled.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,8 @@ class AgentEpisode:
     reward: float | None = None  # None: not reported yet
     metrics: dict[str, float] = field(default_factory=dict)
     refused: int = 0  # calls answered with an error, not recorded
+    error: str | None = None  # why the agent gave the episode up (`POST .../failed`), if it did
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set when the reward or an error is reported
 
     def plan(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> Plan:
         """The last segment extended when ``messages`` extend it, else a new segment."""

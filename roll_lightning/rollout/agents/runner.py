@@ -38,7 +38,10 @@ class AgentCommand:
             interpreter (``sys.executable``, so the agent sees the packages installed with the trainer).
         cwd: its working folder (None: the trainer's).
         env: extra environment variables.
-        deadline_s: seconds before the agent is killed.
+        deadline_s: seconds an episode may take: the agent is then killed (``lifetime: episode``) or the episode
+            given up (``lifetime: run``).
+        lifetime: ``episode`` starts the command for every episode; ``run`` starts it once, and it takes
+            episodes from ``GET {ROLL_AGENT_URL}/next`` and plays many at a time (`service.AgentService`).
         task: extra ``ROLL_TASK`` fields.
         listen: the chat endpoint's host; not loopback needs ``token``.
         advertise: the host agents are given (None: ``listen``).
@@ -49,6 +52,7 @@ class AgentCommand:
     cwd: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     deadline_s: float = 300.0
+    lifetime: Literal["episode", "run"] = "episode"
     task: Mapping[str, Any] = field(default_factory=dict)
     listen: str = "127.0.0.1"
     advertise: str | None = None
@@ -57,6 +61,8 @@ class AgentCommand:
     def __post_init__(self) -> None:
         if not self.command or not all(isinstance(part, str) and part for part in self.command):
             raise ValueError(f"agent.command must be a non-empty list of strings, got {self.command!r}")
+        if self.lifetime not in ("episode", "run"):
+            raise ValueError(f"agent.lifetime must be episode or run, got {self.lifetime!r}")
         if self.deadline_s <= 0:
             raise ValueError(f"agent.deadline_s must be > 0, got {self.deadline_s}")
         if self.listen not in LOOPBACK and not self.token:
@@ -83,14 +89,13 @@ class AgentsKeepFailing(EpisodesKeepFailing):
 async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episode: Episode) -> Episode:
     """Play ``episode`` with one run of ``agent``: a turn per call."""
     key = endpoint.open()
-    task = {**agent.task, "seed": episode.seed, "group": episode.group_index, "member": episode.member}
     env = {
         **os.environ,
         **agent.env,
         "OPENAI_BASE_URL": endpoint.url(key),
         "OPENAI_API_KEY": endpoint.config.token or "unused",
         "ROLL_REWARD_URL": endpoint.reward_url(key),
-        "ROLL_TASK": json.dumps(task),
+        "ROLL_TASK": json.dumps(task_of(agent, episode)),
     }
     try:
         process = await asyncio.create_subprocess_exec(
@@ -108,14 +113,24 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
     except TimeoutError:
         raise AgentFailed("hung", f"still running after {agent.deadline_s} s: killed") from None
     finally:
-        if process.returncode is None:  # hung or cancelled: kill its process group
-            with contextlib.suppress(ProcessLookupError):  # it may have just exited
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+        await kill_group(process)  # hung or cancelled: with its children
         record = endpoint.finish(key)
     if process.returncode != 0:
         raise AgentFailed("crashed", f"exit status {process.returncode}; its stderr ends: {stderr_tail(stderr)}")
-    return _filled(episode, record)
+    return filled(episode, record)
+
+
+def task_of(agent: AgentCommand, episode: Episode) -> dict[str, Any]:
+    """What an episode's agent is told (``ROLL_TASK``): the entry's ``task``, the seed, group and member."""
+    return {**agent.task, "seed": episode.seed, "group": episode.group_index, "member": episode.member}
+
+
+async def kill_group(process: asyncio.subprocess.Process) -> None:
+    """Kill a still-running agent and every process it started (it runs in a session of its own)."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # it may have just exited
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
 
 def stderr_tail(stderr: bytes) -> str:
@@ -129,7 +144,7 @@ def prompt_state(prompt_ids: list[int]) -> str:
     return "prompt " + hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=12).hexdigest()
 
 
-def _filled(episode: Episode, record: AgentEpisode) -> Episode:
+def filled(episode: Episode, record: AgentEpisode) -> Episode:
     """The episode with a turn per call, the reward on the last."""
     if not record.calls:
         raise AgentFailed("no_calls", "it exited without calling the model")

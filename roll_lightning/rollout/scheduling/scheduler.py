@@ -104,6 +104,7 @@ class RolloutScheduler:
         batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
         if any(lane.spec.agent is not None for lane in self.lanes):
             batch.metrics["rollout/agent_max_tokens_clamped_total"] = float(self.agents.clamped())
+            batch.metrics["rollout/agent_starts_total"] = float(self.agents.starts())
         self.ledger.batches += 1
         return batch
 

@@ -4,6 +4,7 @@
     obs, info = env.reset(seed, options)      # seed: always an int (drawn by the runtime if the client gave none)
     obs, reward, terminated, truncated, info = env.step(action_text)
     spec = MyEnv.describe(config)             # an EnvSpec
+    copy = env.fork()                         # optional: a copy that steps exactly as env would (ForkSession)
 
 ``obs`` is a string or an `Observation` (text with one `IMAGE_MARKER` per image). An env with ``EnvSpec.tools``
 gets an `Action` in ``step`` and answers each call with a `ToolResult`.
@@ -14,11 +15,16 @@ Rules (checked by the conformance suite):
   ``step`` is an env crash (INTERNAL);
 - ``info["metrics"]`` maps name -> float; the rest of ``info`` must be JSON-serialisable.
 
+An env is forkable (sessions copied mid-episode, the Fork rule of env.proto) when its class defines ``fork()``
+or sets ``forkable = True``, which makes the runtime deep-copy it: right for an env whose whole state is plain
+Python and numpy objects. ``fork()`` is for state that must be shared (a read-only catalogue) or cannot be copied.
+
 No grpc here: an env can be written and tested without the transport.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import types
@@ -122,6 +128,18 @@ class TextEnv(Protocol):
     ) -> tuple[str | Observation, dict[str, Any]]: ...
 
     def step(self, action: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]: ...
+
+
+def can_fork(env_cls: type) -> bool:
+    """Whether sessions of ``env_cls`` can be forked: it defines ``fork()`` or sets ``forkable = True``."""
+    return callable(getattr(env_cls, "fork", None)) or getattr(env_cls, "forkable", False) is True
+
+
+def fork_env(env: Any) -> Any:
+    """A copy of ``env`` that steps exactly as ``env`` would from here and shares nothing a step changes: its own
+    ``fork()``, else a deep copy (RNGs included, so a copy draws what the original would)."""
+    fork = getattr(env, "fork", None)
+    return fork() if callable(fork) else copy.deepcopy(env)
 
 
 def parse_config(config_cls: type, values: Mapping[str, Any] | None, *, env_id: str) -> Any:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from env_servers.api import EnvSpec, TextEnv, parse_config
+from env_servers.api import EnvSpec, TextEnv, can_fork, parse_config
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class EnvEntry:
 
     def make(self, config: Any) -> TextEnv:
         return self.env_cls(config)
+
+    @property
+    def forkable(self) -> bool:
+        """Its sessions can be forked (``EnvSpec.forkable``; `env_servers.api.can_fork`)."""
+        return can_fork(self.env_cls)
 
 
 _SPECS: dict[tuple[str, Any], EnvSpec] = {}  # (env id, config) -> spec

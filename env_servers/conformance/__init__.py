@@ -12,6 +12,13 @@ exits 1 if any failed.
 
 from __future__ import annotations
 
+from env_servers.conformance.forks import (
+    check_fork_exact,
+    check_fork_independent,
+    check_fork_refused,
+    check_fork_retry,
+    check_fork_sessions,
+)
 from env_servers.conformance.images import check_images
 from env_servers.conformance.optional import (
     check_auth,
@@ -68,6 +75,11 @@ CHECKS = {  # in run order; "drain" stops the server, so it is last
     "stream": check_stream,
     "images": check_images,
     "tools": check_tools,
+    "fork-exact": check_fork_exact,
+    "fork-independent": check_fork_independent,
+    "fork-retry": check_fork_retry,
+    "fork-refused": check_fork_refused,
+    "fork-sessions": check_fork_sessions,
     "capacity": check_capacity,
     "idle-reaping": check_idle_reaping,
     "env-crash": check_env_crash,

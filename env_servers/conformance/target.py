@@ -16,7 +16,7 @@ from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
 CODE = {code.value[0]: code for code in grpc.StatusCode}
-KNOWN_CAPABILITIES = ("batch", "batch-mixed", "stream", "images", "tools")
+KNOWN_CAPABILITIES = ("batch", "batch-mixed", "stream", "images", "tools", "fork")
 
 
 class CheckFailed(AssertionError):

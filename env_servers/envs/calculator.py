@@ -100,6 +100,8 @@ def show(value: Fraction) -> str:
 class CalculatorEnv:
     """Answer an arithmetic question with the calculate and answer tools."""
 
+    forkable = True
+
     def __init__(self, config: CalculatorConfig) -> None:
         self.config = config
         self.bad_call_penalty = config.format_penalty

@@ -196,6 +196,8 @@ def paint(desc: Sequence[str], row: int, col: int, cell_pixels: int = 28) -> np.
 class FrozenLakeEnv:
     """One FrozenLake session: reach G without falling into a hole."""
 
+    forkable = True  # plain state and its own RNG (the slippery moves): a deep copy continues exactly
+
     def __init__(self, config: FrozenLakeConfig) -> None:
         self.config = config
         self._desc: tuple[str, ...] = ()

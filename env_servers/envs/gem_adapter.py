@@ -46,6 +46,8 @@ def _import_gem() -> Any:
 class GemEnv:
     """One GEM env instance with its own copy of the global RNG states."""
 
+    forkable = True  # a deep copy of the game and of those RNG states (tests show it exact)
+
     gem_id = ""
 
     def __init__(self, config: GemConfig) -> None:

@@ -59,6 +59,8 @@ def _jsonable(value: Any) -> Any:
 class GymTextEnv:
     """One Gymnasium env instance behind the text contract."""
 
+    forkable = True  # a deep copy of the Gymnasium env, its np_random included (tests show it exact)
+
     gym_id = ""
 
     def __init__(self, config: GymConfig) -> None:

@@ -54,6 +54,8 @@ class LookupConfig:
 class LookupEnv:
     """Look up a box's code, then answer with it."""
 
+    forkable = True
+
     def __init__(self, config: LookupConfig) -> None:
         self.config = config
         self.bad_call_penalty = config.format_penalty

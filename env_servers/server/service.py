@@ -28,6 +28,7 @@ CAPABILITIES = (
     "stream",
     "images",
     "tools",  # a text env answers calls as bad calls
+    "fork",  # for envs with EnvSpec.forkable
 )
 T = TypeVar("T")
 
@@ -95,6 +96,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     async def CreateSession(self, request: pb.CreateSessionRequest, context: Any) -> pb.CreateSessionResponse:
         return await self._call(context, lambda: self.table.create(request, draining=self.draining))
+
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Any) -> pb.ForkSessionResponse:
+        return await self._call(context, lambda: self.table.fork(request, draining=self.draining))
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
         return pb.CloseSessionResponse(existed=await self._call(context, lambda: self.table.close(request.session_id)))

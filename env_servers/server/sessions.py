@@ -6,6 +6,7 @@ session, so racing retries see a consistent state.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import secrets
@@ -20,7 +21,16 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from env_servers.api import IMAGE_MARKER, Action, ConfigError, EnvSpec, Observation, TextEnv, config_schema
+from env_servers.api import (
+    IMAGE_MARKER,
+    Action,
+    ConfigError,
+    EnvSpec,
+    Observation,
+    TextEnv,
+    config_schema,
+    fork_env,
+)
 from env_servers.images import image_rule_broken
 from env_servers.registry import EnvEntry, get_env
 from env_servers.server.tools import (
@@ -47,6 +57,7 @@ class ProtocolError(Exception):
 
 
 # UNAVAILABLE's message for new work while draining; the spec requires the "draining" prefix.
+MAX_FORK_COPIES = 64  # the most copies one ForkSession makes (env.proto)
 DRAINING = "draining: the server is shutting down; start new sessions and episodes on another server"
 
 
@@ -69,6 +80,7 @@ def spec_to_proto(spec: EnvSpec, entry: EnvEntry, config: Any) -> pb.EnvSpec:
         config_schema=config_schema(entry.config_cls),
         metrics=list(spec.metrics),
         max_sessions=spec.max_sessions,
+        forkable=entry.forkable,
     )
     if spec.tools:
         msg.tools.extend(tool_to_proto(tool) for tool in spec.tools)
@@ -114,6 +126,7 @@ class Session:
     done: str = ""  # "", "terminated", "truncated" or "aborted"
     last_reset: Answered | None = None
     last_step: Answered | None = None
+    last_fork: Answered | None = None
     toolbox: ToolBox | None = None  # the env's tools (None: a text env)
 
     @property
@@ -383,6 +396,67 @@ class SessionTable:
             while len(self._created) > 4 * self.max_sessions:
                 self._created.popitem(last=False)
         return response
+
+    def fork(self, req: pb.ForkSessionRequest, *, draining: bool = False) -> pb.ForkSessionResponse:
+        """``req.copies`` new sessions continuing ``req.session_id``'s episode (the Fork rule of env.proto)."""
+        if not req.request_id:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        if not 1 <= req.copies <= MAX_FORK_COPIES:
+            raise ProtocolError(grpc.StatusCode.INVALID_ARGUMENT, f"copies={req.copies}: fork 1 to {MAX_FORK_COPIES}")
+        return self.run(req.session_id, lambda session: self._fork(session, req, draining))
+
+    def _fork(self, original: Session, req: pb.ForkSessionRequest, draining: bool) -> pb.ForkSessionResponse:
+        if original.last_fork and original.last_fork.request_id == req.request_id:
+            return original.last_fork.result
+        if draining:
+            raise ProtocolError(grpc.StatusCode.UNAVAILABLE, DRAINING)
+        env_id = original.spec.env_id
+        if not original.entry.forkable:
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"env '{env_id}' cannot be forked (EnvSpec.forkable is false)"
+            )
+        if not original.in_progress:
+            state = f"its episode {original.done}" if original.episode_id else "it was never reset"
+            raise ProtocolError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"session {original.session_id} has no episode to fork: {state}"
+            )
+        with self._lock:
+            self._room_for(req.copies)
+        copies: list[Session] = []
+        try:
+            for _ in range(req.copies):
+                copies.append(
+                    Session(
+                        _new_id(f"s{self.server_id}"), original.entry, original.config, fork_env(original.env),
+                        original.spec, copy.deepcopy(original.rng), episode_id=_new_id("ep"),
+                        steps_taken=original.steps_taken, toolbox=original.toolbox,
+                    )
+                )  # fmt: skip
+        except Exception as exc:
+            for made in copies:
+                close_env(made.env)
+            raise ProtocolError(grpc.StatusCode.INTERNAL, _env_fault(env_id, "fork", exc)) from exc
+        with self._lock:
+            try:
+                self._room_for(req.copies)  # sessions made meanwhile may have taken the room
+            except ProtocolError:
+                for made in copies:
+                    close_env(made.env)
+                raise
+            self._sessions.update((made.session_id, made) for made in copies)
+        forks = [pb.ForkedSession(session_id=c.session_id, episode_id=c.episode_id or "") for c in copies]
+        result = pb.ForkSessionResponse(forks=forks, step_index=original.steps_taken)
+        original.last_fork = Answered(req.request_id, original.steps_taken, result)
+        return result
+
+    def _room_for(self, copies: int) -> None:
+        """RESOURCE_EXHAUSTED unless ``copies`` more sessions fit (called under the table's lock)."""
+        if len(self._sessions) + copies > self.max_sessions:
+            raise ProtocolError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server {self.server_id} has room for {self.max_sessions - len(self._sessions)} more sessions, "
+                f"not {copies} copies ({self.max_sessions} at most); close sessions or add servers",
+            )
 
     def find(self, session_id: str) -> Session | None:
         """The session, or None."""

@@ -122,6 +122,12 @@ class EnvClient:
         reply = await self._once(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), timeout)
         return reply.existed
 
+    async def fork_session(self, request: pb.ForkSessionRequest, timeout: float) -> pb.ForkSessionResponse:
+        """Copies of a session (retried safely: the server answers a retried ``request_id`` with the same copies)."""
+        return await self._retrying(
+            lambda t: self.stub.ForkSession(request, timeout=t, metadata=self.metadata), timeout, request.session_id
+        )
+
     async def reset(self, request: pb.ResetRequest, timeout: float) -> pb.ResetResult:
         return await self._retrying(
             lambda t: self.stub.Reset(request, timeout=t, metadata=self.metadata), timeout, request.session_id

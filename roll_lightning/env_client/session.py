@@ -167,6 +167,46 @@ class EnvSession:
             tool_results=tool_results,
         )
 
+    async def fork(self, copies: int) -> list[EnvSession]:
+        """``copies`` new sessions that continue this episode from here, each exactly as this one would (env.proto,
+        "Fork"; the server must advertise "fork" and the env be ``spec.forkable``). Each is closed on its own."""
+        self._check_open()
+        if not self.episode_id:
+            raise EpisodeFailed(
+                grpc.StatusCode.FAILED_PRECONDITION, "fork() before reset()", endpoint=self.address,
+                session_id=self.session_id,
+            )  # fmt: skip
+        if "fork" not in self.endpoint.capabilities or not self.spec.forkable:
+            why = "its spec says forkable: false"
+            if "fork" not in self.endpoint.capabilities:
+                why = 'the server does not advertise "fork"'
+            raise EpisodeFailed(
+                grpc.StatusCode.FAILED_PRECONDITION, f"env '{self.spec.env_id}' cannot be forked: {why}",
+                endpoint=self.address, session_id=self.session_id,
+            )  # fmt: skip
+        gates = [self.gate] * copies if self.gate is not None else []
+        for gate in gates:  # copies hold the env's session slots too
+            await gate.acquire()
+        request = pb.ForkSessionRequest(session_id=self.session_id, copies=copies, request_id=new_request_id())
+        try:
+            answer = await self.pool.fork(self.endpoint, request)
+        except BaseException:
+            for gate in gates:
+                gate.release()
+            raise
+        if len(answer.forks) != copies or answer.step_index != self.step_index:
+            raise ProtocolViolation(
+                f"ForkSession(copies={copies}) at step {self.step_index} answered {len(answer.forks)} copies at "
+                f"step {answer.step_index}",
+                endpoint=self.address, session_id=self.session_id,
+            )  # fmt: skip
+        forks = []
+        for made in answer.forks:
+            twin = EnvSession(self.pool, self.endpoint, made.session_id, self.spec)
+            twin.episode_id, twin.step_index, twin.gate = made.episode_id, self.step_index, self.gate
+            forks.append(twin)
+        return forks
+
     async def close(self) -> None:
         """Close the server-side session, best effort (the server reaps it after its TTL)."""
         if self.closed:

@@ -36,6 +36,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from support.conformance import conforms
 
+from env_servers.conformance import run_conformance
 from roll_lightning.env_client.errors import EpisodeFailed, NoEndpointAvailable
 from roll_lightning.env_client.local import LocalServer
 from roll_lightning.env_client.pool import EnvPool
@@ -164,10 +165,14 @@ def second_node_server(node_modules: Path) -> Iterator[LocalServer]:
     server.stop(timeout=5)
 
 
+FORK_RULES = ["fork-exact", "fork-independent", "fork-retry", "fork-refused", "fork-sessions"]
+
+
 def test_node_server_conforms(node_server, second_node_server):
     """guess_number on a running server (with a second process for determinism): every rule that needs no
-    suite option passes; "batch-mixed" is not advertised by the Node server, so it is skipped."""
-    results = conforms(node_server.address, "guess_number", second=second_node_server.address)
+    suite option passes, the fork rules included; "batch-mixed" is not advertised by the Node server, so it is
+    skipped."""
+    results = conforms(node_server.address, "guess_number", second=second_node_server.address, passed=FORK_RULES)
     skipped = {name for name, outcome in results.items() if outcome.status == "SKIP"}
     assert skipped == {"batch-mixed", "capacity", "idle-reaping", "env-crash", "auth", "loading", "drain"}, results
 
@@ -176,19 +181,30 @@ def test_node_server_started_by_the_suite_passes_every_rule_it_can(node_modules)
     """The whole suite, the server started by it: loading, capacity, reaping, the crash rule, the token, drain."""
     launch = (f"{NODE} {SERVER_JS} crashy --host 127.0.0.1 --port {{port}} --max-sessions 20 --session-ttl 2 "
               "--token s3cret-token --drain-seconds 30")  # fmt: skip
-    results = conforms(None, "crashy", launch=launch, token="s3cret-token", crash_action="crash", garbage="")
+    results = conforms(
+        None, "crashy", launch=launch, token="s3cret-token", crash_action="crash", garbage="", passed=FORK_RULES
+    )
     skipped = {name for name, outcome in results.items() if outcome.status == "SKIP"}
     assert skipped == {"batch-mixed", "garbage-reply"}, results  # crashy takes any text as a valid action
 
 
 def test_node_grid_picture_conforms_images_included(node_server, second_node_server):
-    """grid_picture sends a PNG with every observation: the images rule passes, across two processes too."""
-    conforms(node_server.address, "grid_picture", second=second_node_server.address, passed=["images"])
+    """grid_picture sends a PNG with every observation: the images rule passes, across two processes too, and a
+    fork's pictures are the original's."""
+    conforms(node_server.address, "grid_picture", second=second_node_server.address, passed=["images", *FORK_RULES])
 
 
 def test_node_reach_number_conforms_tools_included(node_server, second_node_server):
-    """reach_number acts through tool calls: the tools rule passes (over Step, BatchStep and the Stream)."""
-    conforms(node_server.address, "reach_number", second=second_node_server.address, passed=["tools"])
+    """reach_number acts through tool calls: the tools rule passes (over Step, BatchStep and the Stream), and a fork
+    copies the tool state (the total so far)."""
+    conforms(node_server.address, "reach_number", second=second_node_server.address, passed=["tools", *FORK_RULES])
+
+
+def test_node_slow_env_forks_too(node_server):
+    """The async env forks like the others: its copies step (and wait) on their own."""
+    lines: list[str] = []
+    results = run_conformance(node_server.address, "slow", only=FORK_RULES, report=lines.append)
+    assert all(results[name].status == "PASS" for name in FORK_RULES), "\n".join(lines)
 
 
 def test_node_text_env_answers_calls_as_bad_calls(node_server):
@@ -457,6 +473,90 @@ def test_unknown_session_is_not_found(stub):
     assert code_of(reset, stub, sid)[0] == grpc.StatusCode.NOT_FOUND
 
 
+# -- ForkSession ----------------------------------------------------------------------------------------------
+
+
+def fork(stub, sid, copies=1, rid="f1") -> pb.ForkSessionResponse:
+    return stub.ForkSession(pb.ForkSessionRequest(session_id=sid, copies=copies, request_id=rid), timeout=10)
+
+
+def active(stub) -> int:
+    return stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).active_sessions
+
+
+def test_retried_fork_returns_the_same_copies_and_makes_none(stub):
+    sid = create(stub)
+    ep = reset(stub, sid).episode_id
+    step(stub, sid, ep, 0, "<answer>1</answer>")
+    before = active(stub)
+    first = fork(stub, sid, 2, rid="same")
+    assert fork(stub, sid, 2, rid="same") == first, "a retry is replayed"
+    assert active(stub) == before + 2
+    assert first.step_index == 1 and len({f.session_id for f in first.forks} | {sid}) == 3
+    another = fork(stub, sid, 1, rid="other")
+    assert another.forks[0].session_id not in {f.session_id for f in first.forks}, "a new request_id forks anew"
+    assert active(stub) == before + 3
+
+
+def test_fork_copies_the_session_seed_stream(stub):
+    """An unseeded Reset draws its seed from the session's RNG: a copy draws the seed the original draws."""
+    sid = create(stub)
+    ep = stub.Reset(pb.ResetRequest(session_id=sid, request_id="r"), timeout=10).episode_id
+    (copy,) = fork(stub, sid).forks
+    assert copy.episode_id != ep
+    again = [pb.ResetRequest(session_id=s, request_id="next") for s in (sid, copy.session_id)]
+    seeds = [stub.Reset(request, timeout=10).seed for request in again]
+    assert seeds[0] == seeds[1]
+
+
+def test_fork_of_no_episode_in_progress_is_refused(stub):
+    never = create(stub)
+    code, msg = code_of(fork, stub, never)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "never reset" in msg
+    sid = create(stub, config={"max_steps": 1})
+    ep = reset(stub, sid).episode_id
+    assert step(stub, sid, ep, 0, "no answer").truncated
+    code, msg = code_of(fork, stub, sid)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "truncated" in msg
+    crashed = create(stub, "crashy")
+    ep = reset(stub, crashed).episode_id
+    assert code_of(step, stub, crashed, ep, 0, "crash")[0] == grpc.StatusCode.INTERNAL
+    code, msg = code_of(fork, stub, crashed)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "aborted" in msg
+    for copies in (0, 65):
+        code, msg = code_of(fork, stub, sid, copies)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "copies" in msg
+    code, msg = code_of(stub.ForkSession, pb.ForkSessionRequest(session_id=sid, copies=1), timeout=5)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in msg
+    assert code_of(fork, stub, "s-nope")[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_fork_capacity_reaping_and_drain(start):
+    """Copies must all fit (none is made otherwise), are reaped when idle, and are refused while draining."""
+    server = start("--max-sessions", "3", "--session-ttl", "1", "--drain-seconds", "5")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        sid = create(stub)
+        ep = reset(stub, sid).episode_id
+        code, msg = code_of(fork, stub, sid, 3)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "room for 2" in msg
+        assert active(stub) == 1, "a refused fork makes no copy"
+        copies = fork(stub, sid, 2, rid="two").forks
+        assert active(stub) == 3
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and active(stub) > 1:
+            step(stub, sid, ep, 0, "x", rid="keep-alive")  # the original stays in use; its idle copies are reaped
+            time.sleep(0.1)
+        assert code_of(reset, stub, copies[0].session_id)[0] == grpc.StatusCode.NOT_FOUND
+        server.process.send_signal(signal.SIGTERM)
+        wait_for_health(channel, health_pb2.HealthCheckResponse.NOT_SERVING)
+        code, msg = code_of(fork, stub, sid, 1, rid="during-drain")
+        assert code == grpc.StatusCode.UNAVAILABLE and msg.startswith("draining"), msg
+        assert fork(stub, sid, 2, rid="two").forks == copies, "a retry of the latest fork is still replayed"
+        assert stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=5).existed
+        assert server.process.wait(timeout=4) == 0
+
+
 def test_batch_with_failing_items(stub):
     crashy, healthy = create(stub, "crashy"), create(stub)
     resets = stub.BatchReset(
@@ -593,10 +693,12 @@ def test_server_info_describe_health_and_reflection(node_server, stub):
 
 
 def test_capabilities_are_exactly_what_is_served(stub):
-    """The header defines "batch", "batch-mixed", "stream", "images" and "tools"; BatchStep here ignores `resets`:
-    no "batch-mixed"."""
+    """The header defines "batch", "batch-mixed", "stream", "images", "tools" and "fork"; BatchStep here ignores
+    `resets`: no "batch-mixed". Every Node env can be forked."""
     info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
-    assert list(info.capabilities) == ["batch", "stream", "images", "tools"]
+    assert list(info.capabilities) == ["batch", "stream", "images", "tools", "fork"]
+    for env_id in info.env_ids:
+        assert stub.DescribeEnv(pb.DescribeEnvRequest(env_id=env_id), timeout=5).forkable, env_id
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha"])

@@ -77,3 +77,13 @@ def start_misbehaving(service: type[EnvService], env_ids: tuple[str, ...] = ("fr
             self.service = service(self.table, max_action_bytes=config.max_action_bytes, workers=config.workers)
 
     return Server.run_in_thread(ServerConfig(env_ids=env_ids, port=0))
+
+
+class ForkRetryMakesMore(EnvService):
+    """Forgets its forks: a retried ForkSession (same request_id) makes new copies instead of answering the same."""
+
+    async def ForkSession(self, request: pb.ForkSessionRequest, context: Any) -> pb.ForkSessionResponse:
+        session = self.table.find(request.session_id)
+        if session is not None:
+            session.last_fork = None
+        return await super().ForkSession(request, context)

@@ -73,6 +73,7 @@ class _CounterEnv:
 @register("crashy", CounterConfig)
 class CrashyEnv(_CounterEnv):
     env_id = "crashy"
+    forkable = True  # so that a server the suite starts passes the fork rules too
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if "crash" in action:

@@ -121,6 +121,8 @@ def _cached_generate(
 class SokobanEnv:
     """One Sokoban session."""
 
+    forkable = True  # plain state: a deep copy continues the episode exactly
+
     def __init__(self, config: SokobanConfig) -> None:
         self.config = config
         self._level: Level | None = None

@@ -9,6 +9,7 @@ and index are shared.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -128,6 +129,10 @@ class WebShopEnv:
         self._last: RewardBreakdown | None = None
         self._steps = 0
         self._done = True  # step() before reset() is refused
+
+    def fork(self) -> WebShopEnv:
+        """A copy of this session that shares the read-only catalogue (and its search index) and copies the rest."""
+        return copy.deepcopy(self, {id(self.catalogue): self.catalogue})
 
     # ---------------------------------------------------------------------------------------------- episode
 

@@ -21,6 +21,8 @@ const sleep = (seconds) => new Promise((resolve) => setTimeout(resolve, seconds 
 
 function counterEnv(envId, { crashOn = null } = {}) {
   class CounterEnv {
+    static forkable = true; // a step count and a seed: the runtime deep-copies it (lib/fork.js)
+
     constructor(config) {
       this.config = config;
       this.t = 0;
@@ -68,6 +70,7 @@ function counterEnv(envId, { crashOn = null } = {}) {
       metrics: ['t'],
     }),
     make: (config) => new CounterEnv(config),
+    envClass: CounterEnv,
   };
 }
 

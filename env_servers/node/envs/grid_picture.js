@@ -46,6 +46,8 @@ function describe(config) {
 }
 
 class GridPictureEnv {
+  static forkable = true; // walker, goal and turns are plain data: the runtime deep-copies it (lib/fork.js)
+
   constructor(config) {
     this.config = config;
     this.walker = null;
@@ -95,4 +97,11 @@ class GridPictureEnv {
   }
 }
 
-module.exports = { envId: ENV_ID, fields, validate, describe, make: (config) => new GridPictureEnv(config) };
+module.exports = {
+  envId: ENV_ID,
+  fields,
+  validate,
+  describe,
+  make: (config) => new GridPictureEnv(config),
+  envClass: GridPictureEnv,
+};

@@ -63,6 +63,8 @@ function parseGuess(text, config) {
 }
 
 class GuessNumberEnv {
+  static forkable = true; // its state is plain data: the runtime deep-copies it for ForkSession (lib/fork.js)
+
   constructor(config) {
     this.config = config;
     this.secret = null;
@@ -126,6 +128,7 @@ module.exports = {
   validate,
   describe,
   make: (config) => new GuessNumberEnv(config),
+  envClass: GuessNumberEnv,
   parseGuess,
   GuessNumberEnv,
 };

@@ -6,6 +6,8 @@
 // A tool env lists `tools` in its spec and is stepped as step(text, calls) with the good calls only; its
 // observation is {text, tool_results: [{call_id, name, content, is_error}]}, one per call, in order (reach_number).
 // info.action_valid (default true) and info.metrics (name -> number) are lifted into the StepResult.
+// `envClass` (optional) is the class make() builds: it is forkable when it defines fork() or sets the static
+// `forkable = true` (lib/fork.js; EnvSpec.forkable, ForkSession).
 
 const guessNumber = require('./guess_number');
 const gridPicture = require('./grid_picture');

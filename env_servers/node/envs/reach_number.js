@@ -70,6 +70,9 @@ function describe(config) {
 }
 
 class ReachNumberEnv {
+  // The tool state (target, total, turns, submitted) is plain data: the runtime deep-copies it (lib/fork.js).
+  static forkable = true;
+
   constructor(config) {
     this.config = config;
     this.bad_call_penalty = config.format_penalty; // the runtime's reward for a step with a bad call
@@ -116,4 +119,11 @@ class ReachNumberEnv {
   }
 }
 
-module.exports = { envId: ENV_ID, fields, validate, describe, make: (config) => new ReachNumberEnv(config) };
+module.exports = {
+  envId: ENV_ID,
+  fields,
+  validate,
+  describe,
+  make: (config) => new ReachNumberEnv(config),
+  envClass: ReachNumberEnv,
+};

@@ -15,7 +15,8 @@ const IMPLEMENTATION = 'env_servers-node/0.1.0';
 const SERVICE_NAME = 'roll_lightning.env.v1.EnvService';
 const MALFORMED = Symbol('malformed');
 // The optional parts served (see the proto header). No "batch-mixed": BatchStep does not run its `resets`.
-const CAPABILITIES = Object.freeze(['batch', 'stream', 'images', 'tools']); // the optional parts served (env.proto)
+// "fork" serves ForkSession; EnvSpec.forkable says which envs can be forked (lib/fork.js).
+const CAPABILITIES = Object.freeze(['batch', 'stream', 'images', 'tools', 'fork']);
 const DRAINING_MESSAGE = 'draining: server is shutting down; use another server';
 
 function deadlineOf(call) {
@@ -130,6 +131,8 @@ class EnvService {
       })),
       DescribeEnv: this.unary((req) => this.table.describe(req.env_id, req.config)),
       CreateSession: this.unary((req) => this.table.create(req, () => this.refuseNewWork())),
+      // Copies are new work: refused while draining, after the replay check (a retried fork is still answered).
+      ForkSession: this.unary((req) => this.table.fork(req, () => this.refuseNewWork())),
       CloseSession: this.unary((req) => ({ existed: this.table.close(req.session_id) })),
       Reset: this.unary((req) => this.resetItem(req)),
       Step: this.unary((req) => this.stepItem(req)),

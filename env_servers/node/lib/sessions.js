@@ -9,18 +9,22 @@
 // - Tool calls (lib/tools.js): bad calls are answered by the runtime with error results (a normal step,
 //   action_valid=false, the env's bad-call penalty); the env sees the good calls only and must answer each one,
 //   with its id, in order (else INTERNAL naming the rule).
+// - ForkSession copies an episode in progress into new sessions (lib/fork.js copies the env): each copy has its
+//   own ids, env and seed RNG, continues at the original's next step_index, and is a session like any other.
 // Calls to one session are serialised by a per-session promise chain (envs may be async), so two retries
 // racing each other still see a consistent state; a busy session is never reaped.
 
 const crypto = require('crypto');
 const { status } = require('@grpc/grpc-js');
 const { ConfigError, parseConfig, configSchema } = require('./config');
+const { canFork, deepCopy, forkEnv } = require('./fork');
 const { ImageRuleBroken, observationParts } = require('./images');
 const { SplitMix64 } = require('./prng');
 const { ToolRuleBroken, badCallPenalty, checkCalls, mergeResults, toolBox, toolsToWire } = require('./tools');
 const { fromStruct, toStruct, stableStringify } = require('./values');
 
 const UINT64_MAX = (1n << 64n) - 1n;
+const MAX_FORK_COPIES = 64; // the most copies one ForkSession makes (env.proto)
 
 class ProtocolError extends Error {
   constructor(code, message) {
@@ -81,11 +85,25 @@ class Session {
     this.done = ''; // "", "terminated", "truncated" or "aborted"
     this.lastReset = null; // [request_id, ResetResult]
     this.lastStep = null; // [request_id, step_index, StepResult]
+    this.lastFork = null; // [request_id, ForkSessionResponse]
   }
 
-  /** An episode is in progress (reset, neither ended nor aborted) or a call to this session is running. */
+  /** An episode was reset and has neither ended nor been aborted. */
+  get episodeOpen() {
+    return this.episodeId !== null && !this.done;
+  }
+
+  /** An episode is in progress or a call to this session is running. */
   get inProgress() {
-    return this.busy > 0 || (this.episodeId !== null && !this.done);
+    return this.busy > 0 || this.episodeOpen;
+  }
+
+  /** A new session `sessionId` continuing this one's episode with `env` (a fork of this env): own ids and RNG. */
+  copyAs(sessionId, env) {
+    const copy = new Session(sessionId, this.entry, this.config, env, this.spec, deepCopy(this.rng), this.box);
+    copy.episodeId = newId('ep');
+    copy.stepsTaken = this.stepsTaken;
+    return copy;
   }
 
   /**
@@ -292,6 +310,7 @@ class SessionTable {
         config: toStruct(config),
         metrics: [...(s.metrics || [])],
         tools: toolsToWire(toolBox(s)),
+        forkable: canFork(entry.envClass),
       };
       this.specs.set(key, spec);
     }
@@ -333,6 +352,62 @@ class SessionTable {
     this.created.set(req.request_id, sessionId);
     while (this.created.size > 4 * this.maxSessions) this.created.delete(this.created.keys().next().value);
     return response;
+  }
+
+  /** ForkSession: `req.copies` new sessions continuing the session's episode; a retried request_id is replayed. */
+  fork(req, refuseNew = null) {
+    if (!req.request_id) throw new ProtocolError(status.INVALID_ARGUMENT, 'request_id is required');
+    const copies = req.copies || 0;
+    if (!(copies >= 1 && copies <= MAX_FORK_COPIES)) {
+      throw new ProtocolError(status.INVALID_ARGUMENT, `copies=${copies}: fork 1 to ${MAX_FORK_COPIES}`);
+    }
+    return this.run(req.session_id, (session) => this.forkIn(session, req.request_id, copies, refuseNew));
+  }
+
+  /** The fork itself, in the original's turn: replay, then the refusals, then the copies, all or none. */
+  async forkIn(original, requestId, count, refuseNew) {
+    if (original.lastFork && original.lastFork[0] === requestId) return original.lastFork[1];
+    if (refuseNew) refuseNew();
+    const envId = original.spec.env_id;
+    if (!canFork(original.entry.envClass)) {
+      const why = `env '${envId}' cannot be forked (EnvSpec.forkable is false)`;
+      throw new ProtocolError(status.FAILED_PRECONDITION, why);
+    }
+    if (!original.episodeOpen) {
+      const state = original.episodeId !== null ? `its episode ${original.done}` : 'it was never reset';
+      const why = `session ${original.sessionId} has no episode to fork: ${state}`;
+      throw new ProtocolError(status.FAILED_PRECONDITION, why);
+    }
+    this.roomFor(count);
+    const copies = [];
+    try {
+      for (let k = 0; k < count; k += 1) {
+        let env = forkEnv(original.env);
+        if (isThenable(env)) env = await env;
+        copies.push(original.copyAs(newId(`s${this.serverId}`), env));
+      }
+      this.roomFor(count); // an async fork() lets other calls run: sessions made meanwhile may have taken the room
+    } catch (err) {
+      for (const made of copies) closeEnv(made);
+      if (err instanceof ProtocolError) throw err;
+      throw new ProtocolError(status.INTERNAL, envFault(envId, 'fork', err));
+    }
+    for (const made of copies) this.sessions.set(made.sessionId, made);
+    const forks = copies.map((made) => ({ session_id: made.sessionId, episode_id: made.episodeId }));
+    const result = { forks, step_index: original.stepsTaken };
+    original.lastFork = [requestId, result];
+    return result;
+  }
+
+  /** RESOURCE_EXHAUSTED unless `count` more sessions fit under max_sessions. */
+  roomFor(count) {
+    if (this.sessions.size + count > this.maxSessions) {
+      throw new ProtocolError(
+        status.RESOURCE_EXHAUSTED,
+        `server ${this.serverId} has room for ${Math.max(0, this.maxSessions - this.sessions.size)} more sessions, ` +
+          `not ${count} copies (${this.maxSessions} at most); close sessions or add servers`,
+      );
+    }
   }
 
   get(sessionId) {
@@ -399,4 +474,4 @@ function closeEnv(session) {
   }
 }
 
-module.exports = { ProtocolError, Session, SessionTable, describeError };
+module.exports = { ProtocolError, Session, SessionTable, describeError, MAX_FORK_COPIES };

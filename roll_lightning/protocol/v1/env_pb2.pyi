@@ -52,7 +52,7 @@ class DescribeEnvRequest(_message.Message):
     def __init__(self, env_id: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class EnvSpec(_message.Message):
-    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics", "tools", "max_sessions")
+    __slots__ = ("env_id", "version", "instruction", "action_format", "example_action", "max_steps", "reward_min", "reward_max", "deterministic", "splits", "config_schema", "config", "metrics", "tools", "max_sessions", "forkable")
     class SplitsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class EnvSpec(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORKABLE_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     version: str
     instruction: str
@@ -90,7 +91,8 @@ class EnvSpec(_message.Message):
     metrics: _containers.RepeatedScalarFieldContainer[str]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
     max_sessions: int
-    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., max_sessions: _Optional[int] = ...) -> None: ...
+    forkable: bool
+    def __init__(self, env_id: _Optional[str] = ..., version: _Optional[str] = ..., instruction: _Optional[str] = ..., action_format: _Optional[str] = ..., example_action: _Optional[str] = ..., max_steps: _Optional[int] = ..., reward_min: _Optional[float] = ..., reward_max: _Optional[float] = ..., deterministic: _Optional[bool] = ..., splits: _Optional[_Mapping[str, int]] = ..., config_schema: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., metrics: _Optional[_Iterable[str]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., max_sessions: _Optional[int] = ..., forkable: _Optional[bool] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json")
@@ -121,6 +123,34 @@ class CreateSessionResponse(_message.Message):
     session_id: str
     spec: EnvSpec
     def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[EnvSpec, _Mapping]] = ...) -> None: ...
+
+class ForkSessionRequest(_message.Message):
+    __slots__ = ("session_id", "copies", "request_id", "client_tag")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TAG_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    copies: int
+    request_id: str
+    client_tag: str
+    def __init__(self, session_id: _Optional[str] = ..., copies: _Optional[int] = ..., request_id: _Optional[str] = ..., client_tag: _Optional[str] = ...) -> None: ...
+
+class ForkedSession(_message.Message):
+    __slots__ = ("session_id", "episode_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    episode_id: str
+    def __init__(self, session_id: _Optional[str] = ..., episode_id: _Optional[str] = ...) -> None: ...
+
+class ForkSessionResponse(_message.Message):
+    __slots__ = ("forks", "step_index")
+    FORKS_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    forks: _containers.RepeatedCompositeFieldContainer[ForkedSession]
+    step_index: int
+    def __init__(self, forks: _Optional[_Iterable[_Union[ForkedSession, _Mapping]]] = ..., step_index: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -79,6 +79,11 @@ class EnvServiceStub:
                 request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
                 response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/roll_lightning.env.v1.EnvService/ForkSession',
+                request_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
 
 
 class EnvServiceServicer:
@@ -143,6 +148,13 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """Copies of a session's episode in progress, as new sessions (capability "fork"; see Fork in the header).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +202,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
                     servicer.Stream,
                     request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.FromString,
                     response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionRequest.FromString,
+                    response_serializer=roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +452,33 @@ class EnvService:
             '/roll_lightning.env.v1.EnvService/Stream',
             roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamRequest.SerializeToString,
             roll__lightning_dot_protocol_dot_v1_dot_env__pb2.StreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/roll_lightning.env.v1.EnvService/ForkSession',
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionRequest.SerializeToString,
+            roll__lightning_dot_protocol_dot_v1_dot_env__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

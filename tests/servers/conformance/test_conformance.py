@@ -23,6 +23,7 @@ from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 PYTHON_ENVS = ["sokoban", "frozenlake", "webshop"]
 SMALL = ["--max-sessions", "20", "--session-ttl", "2"]  # small enough for the capacity and reaping rules
 NEEDS_LAUNCH = {"loading", "drain"}
+FORK_RULES = {"fork-exact", "fork-independent", "fork-retry", "fork-refused", "fork-sessions"}
 NEEDS_OPTIONS = {"env-crash", "auth"} | NEEDS_LAUNCH
 SERVE = [sys.executable, "-m", "env_servers", "serve"]
 
@@ -81,7 +82,7 @@ def test_capabilities_a_server_does_not_advertise_are_skipped_not_failed() -> No
     try:
         results, report = run(running.address, "frozenlake")
         assert not outcomes(results, "FAIL"), report
-        unadvertised = {"batch", "batch-mixed", "stream", "images", "tools"}
+        unadvertised = {"batch", "batch-mixed", "stream", "images", "tools", *FORK_RULES}
         assert outcomes(results, "SKIP") == unadvertised | {"capacity", "idle-reaping"} | NEEDS_OPTIONS, report
         assert "does not advertise 'stream'" in results["stream"].detail
     finally:
@@ -163,7 +164,8 @@ def test_an_env_that_declares_deterministic_false_skips_the_rules_that_replay_a_
     results, report = run(None, "dice", launch=launch, garbage="")
     assert not outcomes(results, "FAIL"), report
     replaying = {"seeds", "determinism", "deadline"}
-    assert outcomes(results, "SKIP") == replaying | {"garbage-reply", "env-crash", "auth"}, report
+    unforkable = {"fork-exact", "fork-independent", "fork-retry", "fork-sessions"}  # fork-refused checks the refusal
+    assert outcomes(results, "SKIP") == replaying | unforkable | {"garbage-reply", "env-crash", "auth"}, report
     for name in replaying:
         assert results[name].detail.startswith("the env declares deterministic: false, so "), report
     assert "the seeds were echoed" in results["seeds"].detail

@@ -106,11 +106,18 @@ def summarise(estimator: str, cmd: list[str], run_dir: Path, wall: float) -> dic
     elapsed = dict(series.get("timing/elapsed_s_total", []))
     # An evaluation logged at step s ran after training step s: it started at that step's elapsed time. The
     # one before any update (at_fit_start) is logged at step 0 too, and started at 0.
+    # env steps played up to each training step: turns per episode times episodes (branching rollouts play fewer)
+    played = dict(series.get("rollout/episodes", []))
+    steps_so_far, total = {}, 0.0
+    for step, turns in series.get("rollout/turns_mean", []):
+        total += turns * played.get(step, 0.0)
+        steps_so_far[step] = total
     evals = [
-        {"step": step, "minutes": (elapsed.get(step, 0.0) if i else 0.0) / 60, "success": value}
+        {"step": step, "minutes": (elapsed.get(step, 0.0) if i else 0.0) / 60, "success": value,
+         "env_steps": steps_so_far.get(step, 0.0) if i else 0.0}
         # runs before issue 14 logged it as rollout/eval_success_rate
         for i, (step, value) in enumerate(series.get("eval/success_rate") or series["rollout/eval_success_rate"])
-    ]
+    ]  # fmt: skip
     train_s = max(elapsed.values(), default=0.0)
 
     def median(key: str) -> float:

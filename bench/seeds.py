@@ -3,7 +3,8 @@
 Every (variant, seed) pair runs ``python -m roll_lightning fit --config <config> --seed_everything <seed>`` as its own
 process, ``--parallel`` at a time (one torch thread each when more than one), ended by ``--minutes`` of training or
 by ``--steps`` rollout steps. Variants run side by side, seed by seed, so each variant sees the same load. The
-report gives, for every variant, held-out success at fixed rollout steps and at fixed minutes: each seed's value,
+report gives, for every variant, held-out success at fixed rollout steps, at fixed minutes and at fixed numbers of
+env steps played (a branching rollout plays fewer per rollout step): each seed's value,
 then the median, the worst and the spread (best - worst), and the same for the gain over the step-0 evaluation.
 
 Run:  .venv/bin/python bench/seeds.py                         (the main command, seeds 0-4, 30 minutes each, in turn)
@@ -35,6 +36,7 @@ from bench.support.results import Run  # noqa: E402
 
 STEP_MARKS = (100, 200, 300, 400, 500, 1000, 1500, 2000, 2500)
 MINUTE_MARKS = (5, 10, 20, 30)
+ENV_STEP_MARKS = (25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000)
 
 
 def fit_command(config: Path, run_dir: Path, seed: int, args: argparse.Namespace, settings: list[str]) -> list[str]:
@@ -110,6 +112,9 @@ def report(results: list[dict[str, Any]]) -> list[str]:
         last_step = max(r["evals"][-1]["step"] for r in runs)
         marks = [("step", m, f"step {m}") for m in (0, *STEP_MARKS) if m <= last_step]
         marks += [("minutes", m, f"{m} min") for m in MINUTE_MARKS]
+        if all("env_steps" in e for r in runs for e in r["evals"]):  # summaries written before env steps lack them
+            most = max(r["evals"][-1]["env_steps"] for r in runs)
+            marks += [("env_steps", m, f"{m // 1000}k env steps") for m in ENV_STEP_MARKS if m <= most]
         marks += [("end", 0, "end"), ("mean", 0, "mean of the evaluations after step 0")]
         for key, mark, label in marks:
             cells, values, gains = [], [], []

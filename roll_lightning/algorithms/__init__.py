@@ -13,8 +13,9 @@ from roll_lightning.algorithms.grpo import GRPO, grpo_advantages
 from roll_lightning.algorithms.losses import KL_ESTIMATORS, KLKind, entropy_from_logits, value_loss
 from roll_lightning.algorithms.policy_loss import GSPO, POLICY_LOSSES, PPO, PolicyLoss
 from roll_lightning.algorithms.ppo_gae import PPOGAE, gae_advantages
+from roll_lightning.algorithms.vine import Vine, vine_advantages
 
-ESTIMATORS: dict[str, type[GRPO] | type[GiGPO] | type[PPOGAE]] = {e.name: e for e in (GRPO, GiGPO, PPOGAE)}
+ESTIMATORS: dict[str, type[Estimator]] = {e.name: e for e in (GRPO, GiGPO, PPOGAE, Vine)}
 
 __all__ = [
     "AGG_MODES",
@@ -30,6 +31,7 @@ __all__ = [
     "Estimator",
     "GiGPO",
     "PolicyLoss",
+    "Vine",
     "AggMode",
     "Aggregation",
     "KLKind",
@@ -43,4 +45,5 @@ __all__ = [
     "masked_mean",
     "segment_ids",
     "value_loss",
+    "vine_advantages",
 ]

@@ -40,6 +40,16 @@ def dense_index(*keys: Tensor) -> tuple[Tensor, int]:
     return inverse, int(unique.shape[0])
 
 
+def first_row_per_traj(group_ids: Tensor, traj_ids: Tensor) -> Tensor:
+    """A mask of each trajectory's first row: statistics over trajectories count each once."""
+    key, n = dense_index(group_ids, traj_ids)
+    rows = torch.arange(key.numel(), device=key.device)
+    first = torch.full((n,), key.numel(), dtype=torch.long, device=key.device).scatter_reduce(0, key, rows, "amin")
+    out = torch.zeros(key.numel(), dtype=torch.bool, device=key.device)
+    out[first] = True
+    return out
+
+
 def group_normalize(
     values: Tensor,
     index: Tensor,

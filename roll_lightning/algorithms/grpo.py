@@ -12,16 +12,7 @@ import torch
 from torch import Tensor
 
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
-from roll_lightning.algorithms.grouping import dense_index, group_normalize
-
-
-def _first_row_per_traj(group_ids: Tensor, traj_ids: Tensor) -> Tensor:
-    key, n = dense_index(group_ids, traj_ids)
-    rows = torch.arange(key.numel(), device=key.device)
-    first = torch.full((n,), key.numel(), dtype=torch.long, device=key.device).scatter_reduce(0, key, rows, "amin")
-    out = torch.zeros(key.numel(), dtype=torch.bool, device=key.device)
-    out[first] = True
-    return out
+from roll_lightning.algorithms.grouping import dense_index, first_row_per_traj, group_normalize
 
 
 @torch.no_grad()
@@ -35,7 +26,7 @@ def grpo_advantages(
 ) -> Tensor:
     """Per row, ``[B]``; with ``traj_ids`` each trajectory enters the statistics once, else every row does."""
     group, n = dense_index(group_ids)
-    stats_rows = None if traj_ids is None else _first_row_per_traj(group_ids, traj_ids)
+    stats_rows = None if traj_ids is None else first_row_per_traj(group_ids, traj_ids)
     return group_normalize(scores, group, n, norm_by_std=norm_by_std, eps=eps, stats_rows=stats_rows)
 
 

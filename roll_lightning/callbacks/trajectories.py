@@ -102,7 +102,7 @@ def episode_record(
         "final_images": _pictures(episode.final_images),
         "turns": [
             {
-                "turn": k,
+                "turn": episode.first_turn + k,  # in the whole episode: a fork's follow its parent's
                 "observation": turn.observation,
                 "images": _pictures(turn.observation_images),
                 "reply": turn.reply,
@@ -114,10 +114,14 @@ def episode_record(
                 "response_tokens": len(turn.response_ids),
                 "finish_reason": turn.finish_reason,
                 "policy_version": turn.policy_version,
-                "advantage": (advantages or {}).get((episode.traj_key, k)),
+                # step rows key a turn by its index in the whole episode; a trajectory row's turns share one value
+                "advantage": (advantages or {}).get(
+                    (episode.traj_key, episode.first_turn + k), (advantages or {}).get((episode.traj_key, k))
+                ),
             }
             for k, turn in enumerate(episode.turns)
         ],
+        "branch": dataclasses.asdict(episode.branch) if episode.branch else None,  # where it was forked, if it was
     }
     return _jsonable(record)
 

@@ -80,7 +80,8 @@ class AlgorithmConfig:
     Args:
         estimator: advantages: ``grpo`` (episode return normalised within its group), ``gigpo`` (GRPO plus a
             step-level term over identical states; needs ``rollout.episode.layout: step``), ``ppo-gae`` (a
-            critic and GAE).
+            critic and GAE), ``vine`` (a Monte-Carlo step advantage from forked siblings, ``data.rollout.branch``;
+            step rows).
         loss: ``ppo`` (token-level clipped ratio) or ``gspo`` (sequence-level ratio, narrow clip).
         clip_low / clip_high: ratio clip range (None = the loss's own: 0.2/0.2 for ppo, 3e-4/4e-4 for gspo).
         dual_clip: ppo only: a lower bound ``c`` (> 1) on the loss of negative-advantage tokens.
@@ -89,7 +90,7 @@ class AlgorithmConfig:
         aggregation: how token losses become one number (ppo): ``token-mean`` | ``seq-mean-token-sum`` |
             ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``.
         norm_by_std: grpo/gigpo: divide by the group's std (False = Dr.GRPO).
-        gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's per-step discount.
+        gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's and vine's per-step discount.
         step_weight: gigpo: weight of the step-level term.
         kl_coef: weight of a KL penalty to a frozen reference model in the loss (0 = no reference model).
         kl_kind: ``k1`` (or ``kl``) | ``k2`` (``mse``) | ``k3`` (``low_var_kl``: low variance, the usual one) | ``abs``.

@@ -141,6 +141,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "advantage": 0.0,
             },
         ],
+        "branch": None,  # not forked from another member (data.rollout.branch)
     }
     failed = records[3]
     assert (failed["success"], failed["end_reason"], failed["score"]) == (False, "max_turns", -0.1)

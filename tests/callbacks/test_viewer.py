@@ -23,6 +23,19 @@ from roll_lightning.callbacks.trajectories import TrajectoryDump, viewer_html
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def in_node(tmp_path: Path, dump: Path, expression: str, prelude: str = "") -> Any:
+    """The viewer's own script run in node with ``dump``'s episodes as ``eps``: ``expression``'s value, as JSON."""
+    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
+    harness = tmp_path / "harness.js"
+    harness.write_text(
+        f"{script}\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n{prelude}\n"
+        f"console.log(JSON.stringify({expression}));\n"
+    )
+    result = subprocess.run(["node", str(harness), str(dump)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_viewer_is_self_contained() -> None:
     html = viewer_html()
     script = re.search(r"<script>(.*?)</script>", html, re.DOTALL)
@@ -49,18 +62,13 @@ def test_viewer_renders_a_dump_escaped(tmp_path: Path, tokenizer: Any) -> None:
     """The viewer's own functions (run in node) on a real dump: markup in replies/prompts comes out as text,
     boards get per-env cells."""
     path = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path)).dump(make_episodes(tokenizer, 1), 1, tokenizer)
-    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
-    harness = tmp_path / "harness.js"
-    harness.write_text(
-        script
-        + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
-        + "console.log(JSON.stringify({list: renderList(eps, 0), turns: eps.flatMap((ep) =>"
-        + " ep.turns.map((_, k) => renderTurn(ep, k))), summary: renderSummary(eps), group: renderGroup(eps, 0, 0),"
-        + " invalid: eps.filter(FILTERS.invalid).map((ep) => ep.traj)}));\n"
+    out = in_node(
+        tmp_path,
+        path,
+        "{list: renderList(eps, 0), turns: eps.flatMap((ep) => ep.turns.map((_, k) => renderTurn(ep, k))),"
+        " summary: renderSummary(eps), group: renderGroup(eps, 0, 0),"
+        " invalid: eps.filter(FILTERS.invalid).map((ep) => ep.traj)}",
     )
-    result = subprocess.run(["node", str(harness), str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
     html = out["list"] + "".join(out["turns"])
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "&lt;|im_start|&gt;" in html  # the prompt's chat template, escaped
@@ -95,7 +103,6 @@ def test_viewer_renders_pictures(tmp_path: Path, tokenizer: Any) -> None:
     board after the move shows the next turn's or the final picture, and pictures that are not plain PNG/JPEG
     base64 never become a URL."""
     path = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path)).dump(make_pictured_episodes(tokenizer, 1), 1)
-    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
     bad = [
         {"media_type": "image/svg+xml", "data": "PHN2Zz4="},
         {"media_type": "text/html", "data": "PHNjcmlwdD4="},
@@ -106,18 +113,14 @@ def test_viewer_renders_pictures(tmp_path: Path, tokenizer: Any) -> None:
         {"data": "AAAA"},
         None,
     ]
-    harness = tmp_path / "harness.js"
-    harness.write_text(
-        script
-        + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
-        + f"const bad = {json.dumps(bad)};\n"
-        + "console.log(JSON.stringify({turns: eps[0].turns.map((_, k) => renderTurn(eps[0], k)),"
-        + " group: renderGroup(eps, 0, 0), urls: bad.map(pictureUrl), bad: renderPictures(bad),"
-        + " jpeg: pictureUrl({media_type: 'image/jpeg', data: 'AAAA'})}));\n"
+    out = in_node(
+        tmp_path,
+        path,
+        "{turns: eps[0].turns.map((_, k) => renderTurn(eps[0], k)), group: renderGroup(eps, 0, 0),"
+        " urls: bad.map(pictureUrl), bad: renderPictures(bad),"
+        " jpeg: pictureUrl({media_type: 'image/jpeg', data: 'AAAA'})}",
+        prelude=f"const bad = {json.dumps(bad)};",
     )
-    result = subprocess.run(["node", str(harness), str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
     ep = json.loads(path.read_text().splitlines()[0])
     url = [f"data:image/png;base64,{t['images'][0]['data']}" for t in ep["turns"]]
     final = f"data:image/png;base64,{ep['final_images'][0]['data']}"
@@ -255,14 +258,26 @@ def test_tool_results_show_under_the_reply_escaped(tmp_path: Path) -> None:
     episode = {"traj": "calculator/g0/s1/m0", "env_id": "calculator", "seed": 1, "step": 1, "end_reason": "truncated",
                "score": -0.1, "final_observation": "", "final_images": [], "turns": [turn]}  # fmt: skip
     (tmp_path / "step_000001.jsonl").write_text(json.dumps(episode) + "\n")
-    script = re.search(r"<script>(.*?)</script>", viewer_html(), re.DOTALL).group(1)  # type: ignore[union-attr]
-    harness = tmp_path / "harness.js"
-    harness.write_text(
-        script + "\nconst eps = parseJsonl(require('fs').readFileSync(process.argv[2], 'utf8'));\n"
-        "console.log(JSON.stringify(renderTurn(eps[0], 0)));\n"
-    )
-    result = subprocess.run(["node", str(harness), str(tmp_path / "step_000001.jsonl")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    html = json.loads(result.stdout)
+    html = in_node(tmp_path, tmp_path / "step_000001.jsonl", "renderTurn(eps[0], 0)")
     assert "tool results" in html and "&lt;b&gt;5&lt;/b&gt;" in html and "<b>5</b>" not in html
     assert html.count('badge bad">error') == 1 and "call_0_1" in html
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_viewer_shows_a_branching_group_as_a_tree(tmp_path: Path, tokenizer: Any) -> None:
+    """A fork (``data.rollout.branch``) is drawn under the member it was copied from; side by side at a turn
+    before its fork, it says so, and its turns are numbered as the whole episode's."""
+    from roll_lightning.rollout.episodes.episode import BranchPoint
+
+    spine, fork = make_episodes(tokenizer, 1)[:2]
+    fork.branch = BranchPoint(f"{spine.traj_key}#1", turn=1, prefix_return=0.5)
+    path = TrajectoryDump(every_n_steps=1, dirpath=str(tmp_path)).dump([spine, fork], 1, tokenizer)
+    assert [t["turn"] for t in json.loads(path.read_text().splitlines()[1])["turns"]] == [1]
+    out = in_node(
+        tmp_path, path, "{at0: renderGroup(eps, 1, 0), at1: renderGroup(eps, 1, 1), fork: renderTurn(eps[1], 0)}"
+    )
+    tree = re.search(r'<div class="tree">(.*?)</div><div class="group">', out["at0"])
+    assert tree and re.search(r"member 0.*&#x2514; member 1 <span class=\"muted\">forked before turn 2", tree.group(1))
+    assert "before its fork: its parent's turns" in out["at0"]
+    assert "forked at turn 2" in out["at1"] and "turn 2: " in out["at1"]
+    assert f"forked from {spine.traj_key}#1 before turn 2" in out["fork"]

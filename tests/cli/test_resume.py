@@ -183,6 +183,31 @@ def test_a_killed_run_with_a_group_filter_replays_neither_trained_nor_filtered_g
     assert settled_groups(root / "checkpoints" / "last.ckpt") >= settled | set(after)
 
 
+BRANCH = (
+    "--data.rollout.episode.layout", "step", "--model.algorithm.estimator", "vine",
+    "--data.rollout.branch.every", "1",
+)  # fmt: skip
+
+
+def test_a_killed_branching_run_resumes_with_every_group_once(tmp_path: Path) -> None:
+    """Branching rollouts (data.rollout.branch): forks stay inside their group, so a resumed run plays every group
+    once, as any run; the dumps show the forks."""
+    root = tmp_path / "run"
+    assert kill_after_second_checkpoint(root, "default", signal.SIGKILL, BRANCH) == -signal.SIGKILL
+    done = step_of(root / "checkpoints" / "last.ckpt")
+    (first_log,) = root.glob("lightning_logs/version_*")
+    before = {k: v for k, v in dumped_groups(first_log).items() if k <= done}
+    resumed = run_cli(*fit_args(root, "default", extra=BRANCH), "--ckpt_path", "last", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    second_log = root / "lightning_logs" / "version_1"
+    after = dumped_groups(second_log)
+    assert sorted(after) == list(range(done + 1, STEPS + 1))
+    played = [g for groups in (before, after) for step in sorted(groups) for g in groups[step]]
+    assert len(played) == len(set(played)) == STEPS * 2
+    records = [json.loads(line) for path in second_log.glob("trajectories/step_*.jsonl") for line in path.open()]
+    assert any(r["branch"] for r in records), "the resumed run forked too"
+
+
 def test_ckpt_path_last_with_nothing_to_resume_says_so_and_starts_at_step_0(tmp_path: Path) -> None:
     done = run_cli(*fit_args(tmp_path / "run", "default", steps=1), "--ckpt_path", "last", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

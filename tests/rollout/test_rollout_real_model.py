@@ -7,36 +7,12 @@ from typing import Any
 
 import pytest
 import torch
+from support.tiny_rollout import one_batch, recomputed_logprobs
 
 from roll_lightning.env_client import EnvPool
-from roll_lightning.rollout import EpisodeSettings, RolloutConfig, RolloutScheduler
+from roll_lightning.rollout import EpisodeSettings, RolloutConfig
 from roll_lightning.rollout.engines import SamplingParams
-from roll_lightning.rollout.engines.transformers_engine import TransformersEngine
 from roll_lightning.rollout.prompts.chat import PromptConfig
-
-
-def _recomputed_logprobs(model_dir: Path, batch: Any, temperature: float) -> torch.Tensor:
-    """What the trainer computes: log softmax(logits / T) of each token, from one forward pass over each row."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-        ).logits
-    logp = torch.log_softmax(logits[:, :-1] / temperature, -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))  # token-aligned, like behaviour_logprobs
-
-
-async def _one_batch(pool: EnvPool, model_dir: Path, tokenizer: Any, cfg: RolloutConfig) -> Any:
-    """One rollout batch from the tiny model through the transformers engine (seed 1)."""
-    engine = TransformersEngine(model_dir, seed=1)
-    scheduler = RolloutScheduler(pool, engine, tokenizer, cfg)
-    try:
-        return await scheduler.get_batch()
-    finally:
-        await scheduler.close()
-        await engine.close()
 
 
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
@@ -53,11 +29,11 @@ async def test_rows_carry_the_engine_tokens_and_log_probs_the_trainer_recomputes
     cfg = RolloutConfig(
         env_id="sokoban", env_config={"dim_room": [6, 6], "num_boxes": 1}, group_size=2, batch_size=4, episode=episode
     )
-    batch = await _one_batch(pool, model_dir, tokenizer, cfg)
+    batch = await one_batch(pool, model_dir, tokenizer, cfg)
     mask = batch.response_mask
     replies = sum(len(ep.turns) for ep in batch.episodes)  # response_tokens_mean is per reply
     assert int(mask.sum()) == round(batch.metrics["rollout/response_tokens_mean"] * replies)
-    recomputed = _recomputed_logprobs(model_dir, batch, temperature)
+    recomputed = recomputed_logprobs(model_dir, batch, temperature)
     gap = (recomputed - batch.behaviour_logprobs)[mask].abs()
     assert gap.max() < 1e-3, f"trainer vs engine log-prob gap {gap.max():.2e}"
     assert bool((batch.behaviour_logprobs[~mask] == 0).all())
@@ -91,7 +67,7 @@ async def test_a_reply_prefix_is_prompt_the_env_receives_and_stop_strings_end_re
     cfg = RolloutConfig(
         env_id="frozenlake", env_config={"size": 4, "max_steps": 3}, group_size=2, batch_size=8, episode=episode
     )
-    batch = await _one_batch(pool, model_dir, tokenizer, cfg)
+    batch = await one_batch(pool, model_dir, tokenizer, cfg)
     turns = [t for ep in batch.episodes for t in ep.turns]
     assert all(t.action_valid for t in turns)  # the env parsed the prefix's answer out of every action
     assert all(t.reply.startswith(prefix) and t.reply_prefix == prefix for t in turns)
@@ -104,7 +80,7 @@ async def test_a_reply_prefix_is_prompt_the_env_receives_and_stop_strings_end_re
     )
     mask = batch.response_mask
     assert int(mask.sum()) == sum(len(t.response_ids) for t in turns)  # the prefix is not a reply token
-    gap = (_recomputed_logprobs(model_dir, batch, temperature) - batch.behaviour_logprobs)[mask].abs()
+    gap = (recomputed_logprobs(model_dir, batch, temperature) - batch.behaviour_logprobs)[mask].abs()
     assert gap.max() < 1e-3, f"trainer vs engine log-prob gap {gap.max():.2e}"
     if layout == "trajectory":  # the next prompt holds the prefix and the reply exactly as the model saw them
         ep = batch.episodes[0]

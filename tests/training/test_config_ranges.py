@@ -7,7 +7,17 @@ from typing import Any, get_args
 
 import pytest
 
-from roll_lightning.algorithms import AGGREGATIONS, ESTIMATORS, GSPO, KL_ESTIMATORS, POLICY_LOSSES, PPO, PPOGAE, GiGPO
+from roll_lightning.algorithms import (
+    AGGREGATIONS,
+    ESTIMATORS,
+    GSPO,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    PPO,
+    PPOGAE,
+    GiGPO,
+    Vine,
+)
 from roll_lightning.algorithms.aggregation import AggMode
 from roll_lightning.rollout.config.rollout import RolloutConfigError
 from roll_lightning.rollout.datamodule import EvalConfig
@@ -102,10 +112,14 @@ def test_each_name_is_chosen_once_into_an_object_that_declares_what_it_needs() -
     assert set(get_args(EstimatorName)) == set(ESTIMATORS)  # the YAML's choices are the registry's names
     assert set(get_args(PolicyLossName)) == set(POLICY_LOSSES)
     needs = {name: (e.needs_groups, e.needs_step_rows, e.uses_critic) for name, e in ESTIMATORS.items()}
-    assert needs == {"grpo": (True, False, False), "gigpo": (True, True, False), "ppo-gae": (False, False, True)}
+    assert needs == {
+        "grpo": (True, False, False), "gigpo": (True, True, False), "ppo-gae": (False, False, True),
+        "vine": (True, True, False),
+    }  # fmt: skip
     gigpo = AlgorithmConfig(estimator="gigpo", gigpo_gamma=0.5, step_weight=2.0, norm_by_std=False)
     assert gigpo.advantage_estimator == GiGPO(gamma=0.5, step_weight=2.0, norm_by_std=False)
     assert AlgorithmConfig(estimator="ppo-gae", gamma=0.9, lam=0.8).advantage_estimator == PPOGAE(gamma=0.9, lam=0.8)
+    assert AlgorithmConfig(estimator="vine", gigpo_gamma=0.5).advantage_estimator == Vine(gamma=0.5)
     assert AlgorithmConfig(estimator="ppo-gae").uses_critic and not AlgorithmConfig().uses_critic
 
 

@@ -5,7 +5,7 @@ reply ids stay as sampled.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from roll_lightning.rollout.prompts.chat import TemplateDriftError, TokenHistory
@@ -63,7 +63,7 @@ class AgentEpisode:
         wanted = [normalised(m) for m in messages]
         if self.segments and _extends(self.segments[-1], wanted, tools):
             current = self.segments[-1]
-            history = copy_history(current.history)
+            history = current.history.copy()
             try:
                 history.add_messages([_as_template_message(m) for m in messages[len(current.seen) :]])
                 return Plan(len(self.segments) - 1, history, wanted)
@@ -82,10 +82,6 @@ class AgentEpisode:
         else:
             self.segments.append(segment)
         self.calls.append(call)
-
-
-def copy_history(history: TokenHistory) -> TokenHistory:
-    return replace(history, messages=list(history.messages), ids=list(history.ids), images=list(history.images))
 
 
 def _extends(segment: Segment, wanted: list[dict[str, Any]], tools: list[dict] | None) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from roll_lightning.env_client.pool import Transport
+from roll_lightning.rollout.config.branching import BranchSettings
 from roll_lightning.rollout.config.envs import (
     EvalEnv,
     LaneSpec,
@@ -61,6 +62,8 @@ class RolloutConfig:
         group_filter: dynamic sampling (`rollout.groups.filters`): ``zero_variance`` or ``top_p_variance``; off by
             default.
         episode: layout, max turns, context budget, sampling, prompt rendering.
+        branch: branching rollouts (`rollout.config.branching`): members forked from another mid-episode; off by
+            default.
     """
 
     env_id: str | None = None
@@ -82,8 +85,11 @@ class RolloutConfig:
     seed: int = 0
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig)
+    branch: BranchSettings = field(default_factory=BranchSettings)
 
     def __post_init__(self) -> None:
+        if isinstance(self.branch, dict):  # Python callers; the CLI builds the dataclass
+            object.__setattr__(self, "branch", BranchSettings(**self.branch))
         object.__setattr__(
             self, "envs", [_entry(TrainEnv, e, f"data.rollout.envs[{i}]") for i, e in enumerate(self.envs)]
         )
@@ -104,6 +110,23 @@ class RolloutConfig:
         check_episode(self.episode, "data.rollout.episode")
         self.group_filter.check(self.group_size)
         _ = self.lanes  # resolve (and check) the env list now, not at the first batch
+        self._check_branch()
+
+    def _check_branch(self) -> None:
+        branch = self.branch
+        if not branch.on:
+            return
+        why = ""
+        if branch.spines >= self.group_size:
+            why = f"its spines ({branch.spines}) leave no member of a group of {self.group_size} for copies"
+        elif self.mode != "async":
+            why = "it needs data.rollout.mode: async"
+        elif self.group_redundancy:
+            why = "it cannot be combined with data.rollout.group_redundancy"
+        elif any(lane.agent is not None for lane in self.lanes):
+            why = "an agent's episodes cannot be forked (the agent program holds their state)"
+        if why:
+            raise RolloutConfigError(f"data.rollout.branch: {why}")
 
     @property
     def groups_per_batch(self) -> int:
@@ -279,6 +302,7 @@ class EvalConfig:
             concurrent_episodes=max(train.concurrent_episodes, total),
             max_staleness=0,  # start exactly the held-out groups asked for, no run-ahead
             group_filter=GroupFilterConfig(),  # every held-out start counts, whatever its members scored
+            branch=BranchSettings(),  # one member per held-out start: nothing to fork into
             episode=episode,
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +63,16 @@ class Turn:
         return self.anchor or self.observation
 
 
+@dataclass(frozen=True)
+class BranchPoint:
+    """Where a forked episode left the one it was copied from: the turns before ``turn`` are the other's (its
+    rows train them), and their rewards count in this episode's return."""
+
+    parent: str  # the traj_key of the episode it was forked from
+    turn: int  # the first turn this episode played itself
+    prefix_return: float  # the rewards of the turns before it
+
+
 @dataclass
 class Episode:
     """A finished episode with everything a training row needs."""
@@ -82,6 +93,7 @@ class Episode:
     final_images: tuple[PromptImage, ...] = ()  # the pictures of ``final_observation``
     replies_judged: bool = True  # False: an agent's calls, which no env judges (no invalid-reply rate)
     refused_calls: int = 0  # an agent's calls the endpoint refused (not recorded, so not trained)
+    branch: BranchPoint | None = None  # set when forked from another member mid-episode (data.rollout.branch)
 
     @property
     def group_key(self) -> str:
@@ -93,7 +105,13 @@ class Episode:
 
     @property
     def score(self) -> float:
-        return sum(t.reward for t in self.turns)
+        """The episode's return: a forked episode's counts the turns before its fork too."""
+        return (self.branch.prefix_return if self.branch else 0.0) + sum(t.reward for t in self.turns)
+
+    @property
+    def first_turn(self) -> int:
+        """The index of ``turns[0]`` in the whole episode (a forked episode's start after another's turns)."""
+        return self.branch.turn if self.branch else 0
 
     @property
     def policy_version(self) -> int:
@@ -167,9 +185,35 @@ class EpisodeBuilder:
             )
         self.done = False
         self._pending_prompt: list[int] = []
+        self.past: list[Turn] = []  # a forked episode's turns before its fork (another episode's rows)
+        self.fork_anchor = ""  # the next turn's GiGPO state when the episode forks there (`fork`)
+        self._carry: tuple[list[int], tuple[PromptImage, ...]] | None = None  # a fork's conversation so far
         if settings.prompt.system_prompt:
             self.history.messages.append({"role": "system", "content": settings.prompt.system_prompt})
             self.history.text = ""  # the system message is rendered together with the first user message
+
+    @property
+    def turns(self) -> list[Turn]:
+        """Every turn played so far, a fork's earlier turns included."""
+        return [*self.past, *self.episode.turns] if self.past else self.episode.turns
+
+    @property
+    def turn(self) -> int:
+        """The index of the next turn."""
+        return len(self.past) + len(self.episode.turns)
+
+    def fork(self, episode: Episode) -> EpisodeBuilder:
+        """This episode's bookkeeping copied for ``episode``, which continues it from here on a forked session;
+        the turns so far stay this episode's. Both record their next turn under one GiGPO state (``fork_anchor``),
+        which `data.rollout.branch` makes exact: both steps start from the same env state."""
+        copy = object.__new__(EpisodeBuilder)
+        copy.__dict__.update(self.__dict__)
+        copy.episode, copy.history, copy.past = episode, self.history.copy(), self.turns
+        copy.calls, copy._pending_prompt = (), []
+        if not self.layout.one_row_per_turn:  # its one row starts with the whole conversation so far, as prompt
+            copy._carry = (list(self.history.ids), tuple(self.history.images))
+        self.fork_anchor = copy.fork_anchor = f"fork {self.episode.traj_key}#{self.episode.attempts}@{self.turn}"
+        return copy
 
     @property
     def max_turns(self) -> int:
@@ -217,14 +261,14 @@ class EpisodeBuilder:
     def window_images(self, turn: int) -> tuple[PromptImage, ...]:
         """The pictures of `window_messages`, in order: the past turns it shows, then the current one."""
         first = max(0, turn - self.settings.prompt.history_turns)
-        past = [image for t in self.episode.turns[first:turn] for image in t.observation_images]
+        past = [image for t in self.turns[first:turn] for image in t.observation_images]
         return (*past, *self.observation_images)
 
     def next_request(self) -> tuple[list[int], SamplingParams] | None:
         """The prompt ids and sampling params of the next reply, or None when the episode is over."""
         if self.done:
             return None
-        turn = len(self.episode.turns)
+        turn = self.turn
         if turn >= self.max_turns:
             self._end("max_turns")
             return None
@@ -247,8 +291,9 @@ class EpisodeBuilder:
     def window_messages(self, turn: int) -> list[dict[str, str]]:
         messages = [m for m in self.history.messages if m["role"] == "system"]
         first = max(0, turn - self.settings.prompt.history_turns)
+        turns = self.turns
         for past in range(first, turn):
-            t = self.episode.turns[past]
+            t = turns[past]
             messages.append({"role": "user", "content": self.user_message(past, t.observation)})
             messages.append({"role": "assistant", "content": t.reply})
             messages += tool_messages(t)
@@ -280,7 +325,7 @@ class EpisodeBuilder:
     def turn_messages(self, turn: int) -> list[dict[str, str]]:
         """What a growing conversation adds before turn ``turn``'s reply: the last calls' results, then the
         observation."""
-        last = tool_messages(self.episode.turns[turn - 1]) if turn else []
+        last = tool_messages(self.turns[turn - 1]) if turn else []
         return [*last, {"role": "user", "content": self.user_message(turn, self.observation)}]
 
     def record_reply(self, generation: Generation, generate_s: float) -> str:
@@ -290,17 +335,23 @@ class EpisodeBuilder:
             generation.token_ids, skip_special_tokens=True
         )
         calls = self.settings.prompt.reply_parser.parse(action) if self.tools else []
-        turn = len(self.episode.turns)
+        turn = self.turn
         self.calls = tuple(ClientToolCall(f"call_{turn}_{k}", c.name, c.arguments) for k, c in enumerate(calls))
+        prompt_ids, images = self._pending_prompt, images_of(self._pending_prompt)
+        if self._carry is not None:  # a fork's first turn: its row's prompt is the whole conversation so far
+            prompt_ids, images = self._carry[0] + list(prompt_ids), self._carry[1] + images
+            self._carry = None
+        anchor, self.fork_anchor = self.fork_anchor, ""
         self.episode.turns.append(
             Turn(
-                prompt_ids=self._pending_prompt,
+                prompt_ids=prompt_ids,
                 response_ids=list(generation.token_ids),
                 logprobs=list(generation.logprobs),
                 finish_reason=generation.finish_reason,
                 policy_version=generation.policy_version,
                 observation=self.observation,
-                images=images_of(self._pending_prompt),
+                anchor=anchor,
+                images=images,
                 observation_images=self.observation_images,
                 reply=reply,
                 reply_prefix=self.settings.prompt.reply_prefix,
@@ -328,21 +379,33 @@ class EpisodeBuilder:
         self.episode.end_reason = reason
 
 
+BeforeTurn = Callable[[EnvSession, EpisodeBuilder], Awaitable[None]]
+
+
 async def run_episode(
     session: EnvSession,
     engine: Generates,
     builder: EpisodeBuilder,
     *,
     turn_timeout_s: float | None = None,
+    before_turn: BeforeTurn | None = None,
 ) -> Episode:
     """Play one episode to its end. Env faults raise `EpisodeFailed`; a turn past its deadline raises
     `TimeoutError` (the scheduler retries or drops the group; nothing partial is returned). The env is stepped
-    once per turn, with the whole reply ``engine.generate`` returned (a reply aborted by a suspend never is)."""
+    once per turn, with the whole reply ``engine.generate`` returned (a reply aborted by a suspend never is).
+    A forked episode (``builder.past``) continues where its fork left off, without a reset. ``before_turn``
+    runs before each turn's prompt is made (where a branching rollout forks)."""
     started = time.perf_counter()
     episode = builder.episode
-    reset = await session.reset(seed=episode.seed)
-    builder.start(reset, time.perf_counter() - started)
-    while (request := builder.next_request()) is not None:
+    if not builder.past:
+        reset = await session.reset(seed=episode.seed)
+        builder.start(reset, time.perf_counter() - started)
+    while True:
+        if before_turn is not None and not builder.done:
+            await before_turn(session, builder)
+        request = builder.next_request()
+        if request is None:
+            break
         prompt, params = request
         t0 = time.perf_counter()
         async with asyncio.timeout(turn_timeout_s):

@@ -119,14 +119,14 @@ class Step(Layout):
                 Row(
                     ids, [False] * len(turn.prompt_ids) + [True] * len(turn.response_ids),
                     [0.0] * len(turn.prompt_ids) + turn.logprobs, [(len(ids) - 1, turn.reward)],
-                    step_score=turn.reward, step=k, version=turn.policy_version, anchor=turn.state,
+                    step_score=turn.reward, step=episode.first_turn + k, version=turn.policy_version, anchor=turn.state,
                     episode=episode, images=turn.images,
                 )
             )  # fmt: skip
         return rows
 
     def turns_of_row(self, step: int) -> range:
-        return range(step, step + 1)
+        return range(step, step + 1)  # the turn's index in the whole episode (a fork's start after its first_turn)
 
 
 TRAJECTORY, STEP = Trajectory(), Step()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll_lightning.rollout.episodes.episode import Episode
 
@@ -27,6 +28,7 @@ class Group:
     episodes: list[Episode] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False  # released or dropped
+    branches: Any = None  # its `scheduling.branches.BranchPlan` (data.rollout.branch), else None
 
     @property
     def complete(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from roll_lightning.rollout.prompts.tool_calls import ToolParser, tool_parser_named
@@ -119,6 +119,10 @@ class TokenHistory:
     encoder: ImageEncoder | None = None
     images: list[PromptImage] = field(default_factory=list)
     tools: list[dict] | None = None  # None: an env without tools
+
+    def copy(self) -> TokenHistory:
+        """A copy that grows on its own (a forked episode's, or an agent call's plan)."""
+        return replace(self, messages=list(self.messages), ids=list(self.ids), images=list(self.images))
 
     def add_user(self, content: str, reply_prefix: str = "", images: Sequence[PromptImage] = ()) -> Prompt:
         return self.add_messages([{"role": "user", "content": content}], reply_prefix, images)

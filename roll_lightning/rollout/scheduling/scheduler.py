@@ -15,11 +15,18 @@ from roll_lightning.rollout.config.rollout import RolloutConfig, RolloutConfigEr
 from roll_lightning.rollout.engines.base import EngineClosed, Generation, GenerationEngine, SamplingParams
 from roll_lightning.rollout.engines.router import EngineRouter
 from roll_lightning.rollout.episodes.batch import RolloutBatch, collate
-from roll_lightning.rollout.episodes.episode import ContextBudgetError, Episode, EpisodeBuilder, run_episode
+from roll_lightning.rollout.episodes.episode import (
+    BeforeTurn,
+    ContextBudgetError,
+    Episode,
+    EpisodeBuilder,
+    run_episode,
+)
 from roll_lightning.rollout.groups.filters import GroupSelection, filter_metrics
 from roll_lightning.rollout.groups.queue import Group, is_stale
 from roll_lightning.rollout.prompts.vision import ImageEncoder, ImageInputError
 from roll_lightning.rollout.scheduling.agent_lanes import AgentLanes
+from roll_lightning.rollout.scheduling.branches import BranchPlan, BranchStart
 from roll_lightning.rollout.scheduling.failures import REFUSED_CONFIG, REPLAYED_FAILURES, FailurePolicy
 from roll_lightning.rollout.scheduling.gate import GenerationGate
 from roll_lightning.rollout.scheduling.lanes import LaneState, lane_states
@@ -102,6 +109,12 @@ class RolloutScheduler:
         batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
         batch.metrics["rollout/turns_redone"] = float(sum(t.redone > 0 for ep in episodes for t in ep.turns))
         batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
+        if self.config.branch.on:
+            plans = [g.branches for g in groups]
+            forks = sum(p.forks for p in plans)
+            batch.metrics["rollout/branches_per_group"] = sum(p.copies for p in plans) / max(len(plans), 1)
+            batch.metrics["rollout/env_steps_per_row"] = sum(len(ep.turns) for ep in episodes) / max(len(batch), 1)
+            batch.metrics["env/fork_latency_s"] = sum(p.fork_s for p in plans) / forks if forks else 0.0
         if any(lane.spec.agent is not None for lane in self.lanes):
             batch.metrics["rollout/agent_max_tokens_clamped_total"] = float(self.agents.clamped())
             batch.metrics["rollout/agent_starts_total"] = float(self.agents.starts())
@@ -206,6 +219,8 @@ class RolloutScheduler:
 
     def new_group(self, lane: LaneState) -> Group:
         group = self.ledger.new_group(lane, self.config.group_size, self.engine.policy_version)
+        if self.config.branch.on:
+            group.branches = BranchPlan(self.config.branch, self.config.group_size)
         lane.queue.add(group)
         return group
 
@@ -295,12 +310,28 @@ class RolloutScheduler:
             self.fail(err)
 
     async def play_member(self, group: Group, member: int) -> Episode | None:
-        """Play one member to the end, with retries; None if its group was dropped."""
+        """Play one member to the end, with retries; None if its group was dropped. Under ``data.rollout.branch``
+        a spine forks as it plays, and another member first waits for a fork to continue."""
+        plan: BranchPlan | None = group.branches
+        if plan is None:
+            return await self._play_attempts(group, member)
+        if plan.is_spine(member):
+            try:
+                return await self._play_attempts(group, member, before_turn=plan.fork_spine)
+            finally:
+                plan.spine_ended()
+        return await self._play_attempts(group, member, start=await plan.start_of(member))
+
+    async def _play_attempts(
+        self, group: Group, member: int, *, start: BranchStart | None = None, before_turn: BeforeTurn | None = None
+    ) -> Episode | None:
+        """`play_member`'s loop: the first attempt of a forked member continues its fork (``start``); a replay
+        plays from the reset."""
         lane = self.lanes[group.lane]
         attempts = failures = 0
         while True:
             attempts += 1
-            episode = self.new_episode(group, member)
+            episode = start.builder.episode if start is not None else self.new_episode(group, member)
             episode.attempts = attempts
             session: EnvSession | None = None
             try:
@@ -308,11 +339,16 @@ class RolloutScheduler:
                     async with asyncio.timeout(self.config.episode_timeout_s):
                         result = await self.agents.play(lane.spec, episode)
                 else:
-                    session = await self.open_session(lane)
-                    builder = self.builder(lane, session, episode)
+                    if start is not None:
+                        session, builder, start = start.session, start.builder, None
+                    else:
+                        session = await self.open_session(lane)
+                        builder = self.builder(lane, session, episode)
                     async with asyncio.timeout(self.config.episode_timeout_s):  # no extra task, unlike wait_for
                         timeout = self.config.turn_timeout_s
-                        result = await run_episode(session, self.gate, builder, turn_timeout_s=timeout)
+                        result = await run_episode(
+                            session, self.gate, builder, turn_timeout_s=timeout, before_turn=before_turn
+                        )
             except EnvOutage:
                 self.discard_session(session)
                 raise

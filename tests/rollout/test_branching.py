@@ -6,6 +6,7 @@ a copy's return counts the spine's rewards before the fork."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,41 @@ async def test_a_surprise_rule_forks_after_unsure_replies_and_unforked_members_p
         members[episode.group_key].append(episode.member)
         assert (episode.branch is not None) <= forks
     assert sorted(map(sorted, members.values())) == [[0, 1, 2, 3]] * 2  # whole groups either way
+
+
+async def test_copies_sessions_are_closed_after_their_episode(pool: EnvPool, model_dir: Path, tokenizer: Any) -> None:
+    """Forks make sessions; once their episodes end they are closed, so the sessions a run holds stay as many as
+    the episodes it plays at once however many batches it plays (before: +1 idle session per copy, until a
+    server of 4,096 was full)."""
+    engine = TransformersEngine(model_dir, seed=2)
+    scheduler = RolloutScheduler(pool, engine, tokenizer, config("step", branch=BranchSettings(every=1, width=4)))
+    try:
+        copies = 0
+        for _ in range(4):
+            batch = await scheduler.get_batch()
+            copies += int(batch.metrics["rollout/branches_per_group"] * 2)
+        await asyncio.sleep(0.2)  # the closes run in the background
+        held = len(scheduler.lanes[0].idle_sessions)
+        active = (await pool.endpoints[0].client.server_info()).active_sessions
+    finally:
+        await scheduler.close()
+        await engine.close()
+    assert copies >= 8
+    assert held <= 8 and active <= 8, f"{held} idle sessions, {active} open on the server after {copies} copies"
+
+
+async def test_a_fork_the_server_refuses_leaves_the_spine_playing_and_the_group_whole(
+    model_dir: Path, tokenizer: Any
+) -> None:
+    """A server with room for three sessions cannot take three copies beside the spine: the fork is refused
+    (counted), the spine plays on, and the members play from the reset once it ends."""
+    running = start_server(env_ids=("frozenlake",), max_sessions=3)
+    try:
+        async with EnvPool([running.address]) as small:
+            cfg = config("step", batch_size=4, branch=BranchSettings(at=(1,), width=4))
+            batch = await one_batch(small, model_dir, tokenizer, cfg)
+    finally:
+        running.stop()
+    assert batch.metrics["env/forks_refused"] == 1 and batch.metrics["rollout/branches_per_group"] == 0
+    assert sorted(ep.member for ep in batch.episodes) == [0, 1, 2, 3]
+    assert all(ep.branch is None for ep in batch.episodes)

@@ -115,6 +115,7 @@ class RolloutScheduler:
             batch.metrics["rollout/branches_per_group"] = sum(p.copies for p in plans) / max(len(plans), 1)
             batch.metrics["rollout/env_steps_per_row"] = sum(len(ep.turns) for ep in episodes) / max(len(batch), 1)
             batch.metrics["env/fork_latency_s"] = sum(p.fork_s for p in plans) / forks if forks else 0.0
+            batch.metrics["env/forks_refused"] = float(sum(p.refused for p in plans))
         if any(lane.spec.agent is not None for lane in self.lanes):
             batch.metrics["rollout/agent_max_tokens_clamped_total"] = float(self.agents.clamped())
             batch.metrics["rollout/agent_starts_total"] = float(self.agents.starts())
@@ -331,6 +332,7 @@ class RolloutScheduler:
         attempts = failures = 0
         while True:
             attempts += 1
+            forked = start is not None  # this attempt continues a fork, on a session made for it
             episode = start.builder.episode if start is not None else self.new_episode(group, member)
             episode.attempts = attempts
             session: EnvSession | None = None
@@ -381,7 +383,10 @@ class RolloutScheduler:
             finally:
                 if isinstance(self.engine, EngineRouter):
                     self.engine.release(episode.traj_key)  # frees its replica slot in the router's balance
-            self.keep_session(lane, session)
+            if forked:  # closed, not kept: idle sessions stay as many as episodes that ran at once
+                self.discard_session(session)
+            else:
+                self.keep_session(lane, session)
             self.counters["episodes"] += 1
             return result
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -136,7 +135,6 @@ class EnvPool:
             "forks": 0,  # ForkSession calls (`EnvSession.fork`) ...
             "forked_sessions": 0,  # ... and the copies they made
         }
-        self.fork_seconds = 0.0  # time spent in ForkSession calls, in all
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -439,12 +437,10 @@ class EnvPool:
 
     async def fork(self, ep: Endpoint, request: pb.ForkSessionRequest) -> pb.ForkSessionResponse:
         """Fork a session on ``ep`` (`EnvSession.fork`); its copies count as sessions placed there."""
-        started = time.perf_counter()
         answer = await self._await(ep, ep.client.fork_session(request, self.call_timeout_s))
         ep.active += len(answer.forks)
         self.stats["forks"] += 1
         self.stats["forked_sessions"] += len(answer.forks)
-        self.fork_seconds += time.perf_counter() - started
         return answer
 
     def counters(self) -> dict[str, int]:

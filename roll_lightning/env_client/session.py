@@ -167,6 +167,14 @@ class EnvSession:
             tool_results=tool_results,
         )
 
+    def unforkable(self) -> str:
+        """Why `fork` would be refused before any call ("" when it would not)."""
+        if "fork" not in self.endpoint.capabilities:
+            return f"env '{self.spec.env_id}' cannot be forked: the server does not advertise \"fork\""
+        if not self.spec.forkable:
+            return f"env '{self.spec.env_id}' cannot be forked: its spec says forkable: false"
+        return ""
+
     async def fork(self, copies: int) -> list[EnvSession]:
         """``copies`` new sessions that continue this episode from here, each exactly as this one would (env.proto,
         "Fork"; the server must advertise "fork" and the env be ``spec.forkable``). Each is closed on its own."""
@@ -176,14 +184,11 @@ class EnvSession:
                 grpc.StatusCode.FAILED_PRECONDITION, "fork() before reset()", endpoint=self.address,
                 session_id=self.session_id,
             )  # fmt: skip
-        if "fork" not in self.endpoint.capabilities or not self.spec.forkable:
-            why = "its spec says forkable: false"
-            if "fork" not in self.endpoint.capabilities:
-                why = 'the server does not advertise "fork"'
+        why = self.unforkable()
+        if why:
             raise EpisodeFailed(
-                grpc.StatusCode.FAILED_PRECONDITION, f"env '{self.spec.env_id}' cannot be forked: {why}",
-                endpoint=self.address, session_id=self.session_id,
-            )  # fmt: skip
+                grpc.StatusCode.FAILED_PRECONDITION, why, endpoint=self.address, session_id=self.session_id
+            )
         gates = [self.gate] * copies if self.gate is not None else []
         for gate in gates:  # copies hold the env's session slots too
             await gate.acquire()

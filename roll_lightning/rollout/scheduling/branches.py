@@ -11,8 +11,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from roll_lightning.env_client.errors import EpisodeFailed
 from roll_lightning.env_client.session import EnvSession
 from roll_lightning.rollout.config.branching import BranchSettings
@@ -70,14 +68,15 @@ class BranchPlan:
         self.free = self._waiting()
         if not self.free or not self.settings.forks_before(turn, turns[-1].logprobs if turns else ()):
             return
+        why = session.unforkable()
+        if why:
+            raise RolloutConfigError(f"data.rollout.branch needs a forkable env: {why}")
         members, self.free = self.free[: self.settings.width - 1], self.free[self.settings.width - 1 :]
         started = time.perf_counter()
         try:
             copies = await session.fork(len(members))
         except EpisodeFailed as err:
             self.free = sorted(members + self.free)
-            if err.code == grpc.StatusCode.FAILED_PRECONDITION and "cannot be forked" in err.detail:
-                raise RolloutConfigError(f"data.rollout.branch needs a forkable env: {err.detail}") from err
             self.refused += 1  # a full server, say: the spine plays on unforked, its members later from the reset
             log.debug("fork refused, playing on unforked: %s", err)
             return

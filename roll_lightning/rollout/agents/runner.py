@@ -90,23 +90,16 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
     """Play ``episode`` with one run of ``agent``: a turn per call."""
     key = endpoint.open()
     env = {
-        **os.environ,
-        **agent.env,
         "OPENAI_BASE_URL": endpoint.url(key),
         "OPENAI_API_KEY": endpoint.config.token or "unused",
         "ROLL_REWARD_URL": endpoint.reward_url(key),
         "ROLL_TASK": json.dumps(task_of(agent, episode)),
     }
     try:
-        process = await asyncio.create_subprocess_exec(
-            *agent.argv(), cwd=agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-    except OSError as err:  # no such program or folder, not executable: the agent's failure, said in one line
+        process = await start_agent(agent, env)
+    except AgentFailed:
         endpoint.finish(key)
-        raise AgentFailed(
-            "crashed", f"could not start {agent.argv()[0]!r} in {agent.cwd or os.getcwd()}: {err.strerror}"
-        ) from err
+        raise
     try:
         async with asyncio.timeout(agent.deadline_s):
             _, stderr = await process.communicate()
@@ -118,6 +111,20 @@ async def run_agent_episode(endpoint: AgentEndpoint, agent: AgentCommand, episod
     if process.returncode != 0:
         raise AgentFailed("crashed", f"exit status {process.returncode}; its stderr ends: {stderr_tail(stderr)}")
     return filled(episode, record)
+
+
+async def start_agent(agent: AgentCommand, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """Start ``agent`` in a session of its own (so `kill_group` reaches its children), with the trainer's environment,
+    the entry's ``env`` and ``env``; stderr is piped, for `stderr_tail`."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *agent.argv(), cwd=agent.cwd, env={**os.environ, **agent.env, **env}, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as err:  # no such program or folder, not executable: the agent's failure, said in one line
+        raise AgentFailed(
+            "crashed", f"could not start {agent.argv()[0]!r} in {agent.cwd or os.getcwd()}: {err.strerror}"
+        ) from err
 
 
 def task_of(agent: AgentCommand, episode: Episode) -> dict[str, Any]:

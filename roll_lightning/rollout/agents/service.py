@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from roll_lightning.rollout.agents.runner import (
     AgentFailed,
     filled,
     kill_group,
+    start_agent,
     stderr_tail,
     task_of,
 )
@@ -68,21 +68,10 @@ class AgentService:
         async with self._lock:
             if self._exited is None or self._exited.done():
                 env = {
-                    **os.environ,
-                    **self.agent.env,
                     "OPENAI_API_KEY": self.endpoint.config.token or "unused",
                     "ROLL_AGENT_URL": self.endpoint.agent_url(),
                 }
-                try:
-                    self.process = await asyncio.create_subprocess_exec(
-                        *self.agent.argv(), cwd=self.agent.cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-                        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                    )  # fmt: skip
-                except OSError as err:
-                    where = self.agent.cwd or os.getcwd()
-                    raise AgentFailed(
-                        "crashed", f"could not start {self.agent.argv()[0]!r} in {where}: {err.strerror}"
-                    ) from err
+                self.process = await start_agent(self.agent, env)
                 self.starts += 1
                 self._stderr.clear()
                 self._exited = asyncio.create_task(self._watch(self.process))

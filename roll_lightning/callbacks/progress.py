@@ -80,6 +80,9 @@ class RunProgress(ProgressBar):
             text += f" or {clock(left)}, whichever comes first"
         if module.steps_done:
             text += f", resuming after step {module.steps_done}"
+            elastic = getattr(data, "elastic", None)
+            if elastic is not None:
+                text += f" {elastic.describe()}"
         return text + f" -> {trainer.default_root_dir}"
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:

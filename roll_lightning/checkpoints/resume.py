@@ -26,11 +26,28 @@ def resolve_ckpt_path(requested: str | None, trainer: L.Trainer, fitting: bool) 
             _refuse_to_overwrite(directory)
         return None
     if requested == "last":
-        return _resolve_last(directory, Path(trainer.default_root_dir), fitting)
-    if requested in PASS_THROUGH or "://" in requested or requested.startswith("registry:"):
+        resolved = _resolve_last(directory, Path(trainer.default_root_dir), fitting)
+    elif requested in PASS_THROUGH or "://" in requested or requested.startswith("registry:"):
         return requested
-    _check(Path(requested))
-    return requested
+    else:
+        _check(Path(requested))
+        resolved = requested
+    if resolved is not None and Path(resolved).is_dir():
+        _check_reads_folders(Path(resolved), trainer)
+    return resolved
+
+
+def _check_reads_folders(path: Path, trainer: L.Trainer) -> None:
+    """A sharded checkpoint (a folder) needs a sharded strategy to read it, on any number of ranks."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    strategy = trainer.strategy
+    if not isinstance(strategy, (ModelParallelStrategy, FSDPStrategy)):
+        raise CheckpointError(
+            f"checkpoint {path} is a sharded folder, which {type(strategy).__name__} cannot read: resume with "
+            "--trainer.strategy lightning.pytorch.strategies.ModelParallelStrategy (on any number of devices, e.g. "
+            "--trainer.strategy.data_parallel_size 1 --trainer.devices 1), as configs/cpu_two_ranks.yaml sets it"
+        )
 
 
 def _check(path: Path) -> None:

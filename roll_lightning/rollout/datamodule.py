@@ -37,6 +37,7 @@ from roll_lightning.rollout.runtime.world_stop import (
     WorldStop,
     quiet_lightning_notifier,
 )
+from roll_lightning.rollout.scheduling.elastic import ElasticResume, repartition
 from roll_lightning.rollout.scheduling.metrics import fault_totals
 from roll_lightning.rollout.scheduling.scheduler import RolloutScheduler
 
@@ -90,6 +91,7 @@ class RolloutDataModule(L.LightningDataModule):
         # the run's stop came out of a rollout, between steps, on every rank at once: all may join a last checkpoint
         self.stopped_together = False
         self._watch: asyncio.Task[None] | None = None  # `WorldStop.watch`, with several ranks
+        self.elastic: ElasticResume | None = None  # set when this run resumed one saved on another number of ranks
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -294,9 +296,11 @@ class RolloutDataModule(L.LightningDataModule):
         states = state_dict.get("ranks", [])
         if not states:
             return
+        if self._has_trainer() and self.trainer.state.fn != "fit":
+            return  # an evaluation plays its own held-out boards: the training position is not its business
         rank, world = self._rank_world()
-        if len(states) != world:
-            raise ValueError(f"the checkpoint's rollout state is for {len(states)} ranks; this run has {world}")
+        if len(states) != world:  # an elastic resume: the old ranks' groups dealt out to this run's
+            states, self.elastic = repartition(states, world)
         self._pending_state = states[rank]
         if self.scheduler is not None:
             self.scheduler.load_state_dict(states[rank])

@@ -68,7 +68,8 @@ def test_standalone_setup_batches_and_teardown(model_dir: Path) -> None:
     assert len(first) == len(second) == 4
     assert not set(first.traj_group_id) & set(second.traj_group_id)
     (rank,) = state["ranks"]
-    assert rank["lanes"] == {"frozenlake": {"next_local": 4, "watermark": 4, "settled_above": []}}
+    placed = {"base": 0, "stride": 1, "offset": 0, "adopted": []}  # rank 0 of 1, nothing handed over by a resume
+    assert rank["lanes"] == {"frozenlake": {"next_local": 4, "watermark": 4, "settled_above": [], **placed}}
     assert (rank["batches"], rank["seed"], rank["world_size"]) == (2, 0, 1)
     with pytest.raises(RuntimeError, match="not set up"):
         dm.next_batch()

@@ -7,6 +7,7 @@ rather than repeats them; others fail at once. Failures surface as `EpisodeFaile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
@@ -21,6 +22,7 @@ from roll_lightning.protocol.v1 import env_pb2 as pb
 from roll_lightning.protocol.v1 import env_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name
+_CONNECTION_SETTLE_S = 0.2  # how long a stream that ended INTERNAL waits to see whether its connection went too
 T = TypeVar("T")
 
 
@@ -186,6 +188,7 @@ class _StreamMux:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._tags = itertools.count(1)
         self.broken = False
+        self._channel = client.channel
         self._call = client.stub.Stream(self._requests(), metadata=client.metadata)
         self._reader = asyncio.ensure_future(self._read())
 
@@ -212,10 +215,29 @@ class _StreamMux:
         except Exception as err:  # later calls open a new stream
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"stream reader failed: {err!r}")
         self.broken = True
+        if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INTERNAL:
+            try:
+                error = await self._outage_if_disconnected(error)
+            except asyncio.CancelledError:
+                error = _rpc_error(grpc.StatusCode.CANCELLED, "stream closed")
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(error)
         self._pending.clear()
+
+    async def _outage_if_disconnected(self, err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+        """The stream's end as the server or the network ended it. When a request is being written as the call
+        ends, grpc.aio gives the call its own status, INTERNAL "Internal error from Core", in place of the one the
+        server sent (UNAVAILABLE from a server shutting down): a stream ending INTERNAL while its connection is
+        gone (the channel no longer READY: a GOAWAY, a dropped connection) is an outage, retried as unary and
+        batch calls are. An env that raised is an item's status, never the stream's."""
+        ready = grpc.ChannelConnectivity.READY
+        if self._channel.get_state() == ready:  # the connection's end may reach the channel a moment later
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._channel.wait_for_state_change(ready), _CONNECTION_SETTLE_S)
+        if self._channel.get_state() == ready:
+            return err  # the server itself ended the stream INTERNAL
+        return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the stream's connection went away ({err.details()})")
 
     async def call(self, request: pb.ResetRequest | pb.StepRequest, timeout: float) -> Any:
         if self.broken:

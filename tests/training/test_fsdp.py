@@ -113,3 +113,38 @@ def test_ranks_with_different_row_counts_take_the_same_steps(
     assert steps == [4, 4]
     original = AgentRLModule._load(model_dir).state_dict()
     assert any(not torch.equal(t, original[k]) for k, t in torch.load(out).items()), "the update moved weights"
+
+
+def test_an_update_resumed_on_three_ranks_from_two_equals_one_process_resumed_from_the_same_checkpoint(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Elastic resume's training side: one step on 2 FSDP2 ranks, its sharded checkpoint (weights and Adam's
+    moments, each rank's shard) resumed on 3 ranks for a second step; the same checkpoint resumed by one process
+    for that step on the same 6 groups gives the same weights."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    algorithm = json.dumps({"estimator": "grpo"})
+    checkpoint = tmp_path / "after-one-step.ckpt"
+
+    def worker(ranks: int, out: Path, *more: str) -> None:
+        command = [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out), algorithm]
+        done = subprocess.run(
+            [*command, "--ranks", str(ranks), "--groups", "6", *more],
+            env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-4000:]
+
+    worker(2, tmp_path / "two.pt", "--save", str(checkpoint))
+    assert (checkpoint / "meta.pt").is_file()  # sharded: each of the 2 ranks wrote its part
+    worker(3, tmp_path / "three.pt", "--resume", str(checkpoint))
+    worker(1, tmp_path / "one.pt", "--resume", str(checkpoint))
+    assert [Path(f"{tmp_path / 'three.pt'}.rank{r}").read_text() for r in range(3)] == ["2"] * 3  # two steps
+    before, three, one = (torch.load(tmp_path / name) for name in ("two.pt", "three.pt", "one.pt"))
+    assert sum(not torch.equal(one[k], before[k]) for k in one) > len(one) // 2  # the second step moved most
+    for name, tensor in one.items():
+        delta = (three[name] - tensor).abs().max().item()
+        moved_by = (tensor - before[name]).abs().max().item()
+        assert delta <= 1e-5 + 1e-3 * moved_by, f"{name}: differs by {delta:.2e}; the step moved it {moved_by:.2e}"

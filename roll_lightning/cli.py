@@ -8,13 +8,15 @@ from __future__ import annotations
 import functools
 import os
 import random
+import sys
 from typing import Any
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from roll_lightning.exits import close_process_group, run_cli
+from roll_lightning.callbacks.certificate import RunCertificate
+from roll_lightning.exits import CERTIFICATE_DIFFERS, close_process_group, run_cli
 from roll_lightning.quiet import silence_known_noise
 from roll_lightning.rollout.datamodule import RolloutDataModule
 from roll_lightning.training.module import AgentRLModule
@@ -26,6 +28,19 @@ class RollLightningCLI(LightningCLI):
         """``fit`` and ``validate`` only: rollouts have no test or predict step."""
         subcommands = LightningCLI.subcommands()
         return {name: subcommands[name] for name in ("fit", "validate")}
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "validate":
+            parser.add_argument(
+                "--certificate",
+                type=str | None,
+                default=None,
+                help="A run's run.json (beside its checkpoints): replay its held-out evaluation of --ckpt_path's "
+                "weights (none: the untrained model's) and say, item by item, what matches and what differs; "
+                f"exit status {CERTIFICATE_DIFFERS} when anything differs (docs/reliability.md, 'Run certificate').",
+            )
+        return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("model.model", "data.model")
@@ -79,6 +94,30 @@ class RollLightningCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._resolve_ckpt_path(fitting=False)
+        source = self.config_init["validate"].get("certificate")
+        if source is not None:
+            self.certificate().expect(source, self.config_init["validate"].get("ckpt_path"))
+
+    def after_validate(self) -> None:
+        lines = self.certificate().report_lines()
+        if lines and self.trainer.is_global_zero:
+            print("\n".join(lines), flush=True)
+
+    def certificate(self) -> RunCertificate:
+        """The run's `RunCertificate` (one of the trainer's default callbacks)."""
+        return next(c for c in self.trainer.callbacks if isinstance(c, RunCertificate))
+
+    @property
+    def exit_status(self) -> int:
+        """`CERTIFICATE_DIFFERS` after a ``validate --certificate`` that found a difference, else 0."""
+        if self.subcommand != "validate" or self.config_init["validate"].get("certificate") is None:
+            return 0
+        if not self.trainer.is_global_zero:  # rank 0 compares
+            return 0
+        report = self.certificate().report
+        if report is None:
+            raise RuntimeError("validate --certificate: the evaluation ran, but nothing was compared")
+        return 0 if report.matches else CERTIFICATE_DIFFERS
 
     def _resolve_ckpt_path(self, fitting: bool) -> None:
         """``--ckpt_path last`` is the run's own `last.ckpt`; any checkpoint is verified before work starts."""
@@ -112,7 +151,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(args: list[str] | None) -> None:
-    RollLightningCLI(
+    cli = RollLightningCLI(
         AgentRLModule,
         RolloutDataModule,
         args=args,
@@ -132,6 +171,8 @@ def _run(args: list[str] | None) -> None:
         trainer_defaults=_trainer_defaults(),
     )
     close_process_group()
+    if cli.exit_status:
+        sys.exit(cli.exit_status)
 
 
 def _trainer_defaults() -> dict[str, Any]:
@@ -139,7 +180,7 @@ def _trainer_defaults() -> dict[str, Any]:
     from roll_lightning.callbacks.summary import RunSummary
 
     return {
-        "callbacks": [RunSummary(), HeadlineDashboard()],
+        "callbacks": [RunSummary(), HeadlineDashboard(), RunCertificate()],
         "max_steps": -1,  # the run's length is model.rollout_steps (Lightning counts optimiser steps)
         "max_epochs": -1,  # the rollout stream is endless
         "accelerator": "auto",

@@ -1,8 +1,9 @@
 """How ``python -m roll_lightning`` ends when a run does not finish (docs/reliability.md, docs/training.md).
 
 Exit statuses: 2 bad input (one line ``roll_lightning: error: ...``; ``ROLL_DEBUG=1`` shows the traceback),
-143 SIGTERM, 130 SIGINT (stopped the same way as SIGTERM), 1 the envs failed for good or a peer rank failed.
-Any other exception is a bug and keeps its traceback.
+143 SIGTERM, 130 SIGINT (stopped the same way as SIGTERM), 1 the envs failed for good or a peer rank failed,
+3 ``validate --certificate``: the replay differs from the run certificate. Any other exception is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEBUG_ENV = "ROLL_DEBUG"
 _PROJECT_PACKAGES = ("roll_lightning", "env_servers")
 _RESUME_HINT = "resume with --ckpt_path last"
 EXIT_GRACE_S = 60.0  # see `exit_within`
+CERTIFICATE_DIFFERS = 3  # `validate --certificate`: something differs (docs/reliability.md, "Run certificate")
 
 
 def run_cli(run: Callable[[list[str] | None], None], args: list[str] | None = None) -> None:

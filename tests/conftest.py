@@ -31,6 +31,7 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "algorithms/test_losses.py",
     "algorithms/test_objective.py",
     "callbacks/test_progress.py",
+    "checkpoints/test_certificate_parts.py",
     "servers/envs/test_board_images.py",
     "servers/envs/test_calculator.py",
     "servers/envs/test_lookup.py",

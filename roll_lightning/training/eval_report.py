@@ -1,5 +1,5 @@
-"""`EvalReport` (a held-out evaluation's line), `episode_lines` (one played episode, as `validate` shows it) and
-`FitRecord`."""
+"""`EvalReport` (a held-out evaluation's line), `episode_lines` (one played episode, as `validate` shows it),
+`held_out` (an evaluation as the run certificate records it) and `FitRecord`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from roll_lightning.checkpoints.certificate import SHORT, HeldOut, Outcome
+from roll_lightning.checkpoints.fingerprint import json_digest
+
 if TYPE_CHECKING:
+    from roll_lightning.rollout.episodes.batch import RolloutBatch
     from roll_lightning.rollout.episodes.episode import Episode
 
 SHOWN_CHARS = 90  # of each observation and reply in `episode_lines`
@@ -81,6 +85,30 @@ def episode_lines(episode: Episode, rows: int) -> list[str]:
     return lines
 
 
+def held_out(batch: RolloutBatch, step: int, global_step: int, by: str) -> HeldOut:
+    """An evaluation batch as the run certificate records it (this rank's episodes; `gathered` joins the ranks)."""
+    outcomes = []
+    for episode in batch.episodes:
+        first = episode.turns[0].prompt_ids if episode.turns else []
+        tokens = [[list(turn.prompt_ids), list(turn.response_ids)] for turn in episode.turns]
+        success = episode.metrics()["success"] > 0
+        tag = episode.tag or episode.env_id
+        prompt, played = json_digest(first)[:SHORT], json_digest(tokens)[:SHORT]
+        outcomes.append(Outcome(tag, episode.seed, success, episode.score, prompt, played))
+    return HeldOut(step, global_step, tuple(outcomes), by=by)
+
+
+def gathered(result: HeldOut) -> HeldOut:
+    """Every rank's share of an evaluation, on every rank (a collective: all ranks call it)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return result
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, result)
+    return HeldOut.merged(parts)
+
+
 def _short(text: str) -> str:
     flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
     return repr(flat if len(flat) <= SHOWN_CHARS else flat[: SHOWN_CHARS - 3] + "...")
@@ -96,6 +124,7 @@ class FitRecord:
     last_batch: Any = None  # a `RolloutBatch`, for `TrajectoryDump`
     last_row_advantages: list[float] | None = None
     evals_shown: bool = False  # a display (`RunProgress`) prints the evaluations; else the module logs them
+    held_out: list[HeldOut] = field(default_factory=list)  # this process's evaluations, for the run certificate
 
     def begin(self, steps_done: int) -> None:
         self.started, self.steps_at_start = time.perf_counter(), steps_done

@@ -29,7 +29,7 @@ from roll_lightning.training.batch_adjust import adjuster
 from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimConfig, TrainingConfigError
 from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.training.estimate import estimate_advantages
-from roll_lightning.training.eval_report import EvalReport, FitRecord, episode_lines
+from roll_lightning.training.eval_report import EvalReport, FitRecord, episode_lines, gathered, held_out
 from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weights import policy_update
@@ -409,6 +409,7 @@ class AgentRLModule(L.LightningModule):
     def validation_step(self, dataloader_iter: Iterator[Any]) -> None:
         """Held-out episodes as ``eval/*``, played here, after `on_validation_start` caught the engine up."""
         batch, _, _ = next(dataloader_iter)
+        self._record_held_out(batch)
         metrics = eval_metrics(batch)
         for key, value in metrics.items():
             self.log(key, value, batch_size=len(batch.episode_metrics), sync_dist=True)
@@ -435,12 +436,19 @@ class AgentRLModule(L.LightningModule):
         rollout = rollout_of(self.trainer)
         if rollout is None or not rollout.evaluation.at_fit_start or self.steps_done > 0:
             return
-        reduced = self._reduced(eval_metrics(rollout.evaluate()))
+        batch = rollout.evaluate()
+        self._record_held_out(batch)
+        reduced = self._reduced(eval_metrics(batch))
         # Lightning flushes validation results only inside its loops
         for logger in self.loggers:
             logger.log_metrics(reduced, step=0)
         if "eval/success_rate" in reduced:
             self._report_eval(reduced)
+
+    def _record_held_out(self, batch: RolloutBatch) -> None:
+        """Every rank's episodes of this evaluation, for the run certificate (`callbacks.certificate`)."""
+        by = self.trainer.state.fn.value if self.trainer.state.fn is not None else "fit"
+        self.fit_record.held_out.append(gathered(held_out(batch, self.steps_done, self.global_step, by)))
 
     def _reduced(self, metrics: dict[str, float]) -> dict[str, float]:
         return {k: float(self.trainer.strategy.reduce(torch.tensor(v), reduce_op="mean")) for k, v in metrics.items()}

@@ -97,8 +97,9 @@ def test_a_killed_run_resumes_where_it_stopped_with_each_shipped_logger(logger: 
     status = kill_after_second_checkpoint(root, logger, KILLS[logger])
     assert status == (-signal.SIGKILL if KILLS[logger] == signal.SIGKILL else 128 + signal.SIGTERM)
     folder = root / "checkpoints"
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "previous.ckpt"]  # no partial, no sibling
-    assert sorted(root.rglob("*.ckpt")) == sorted(folder.iterdir())
+    # no partial, no sibling (run.json: the run certificate)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "previous.ckpt", "run.json"]
+    assert sorted(root.rglob("*.ckpt")) == sorted(folder.glob("*.ckpt"))
     done = step_of(folder / "last.ckpt")
     assert 2 <= done < STEPS and step_of(folder / "previous.ckpt") == done - 1  # last is the newest step
     (first_log,) = root.glob("lightning_logs/version_*")

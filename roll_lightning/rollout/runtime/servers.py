@@ -32,6 +32,11 @@ class EnvServers:
             key = "data.envs.endpoints" if lane.endpoints is None else f"{lane.key}.endpoints"
             self._keys.setdefault(where, key)
         self.pools: dict[Endpoints, EnvPool] = {}
+        self.specs: dict[str, Any] = {}  # lane key -> the `EnvSpec` its server reported to the probe
+
+    def spec_of(self, lane: LaneSpec) -> Any:
+        """The spec ``lane``'s server reported (a protocol `EnvSpec`), or None (an agent's lane, or not probed)."""
+        return self.specs.get(lane.key)
 
     def pools_for(self, lanes: tuple[LaneSpec, ...]) -> dict[str, EnvPool]:
         """Each lane's pool, by tag."""
@@ -84,6 +89,7 @@ class EnvServers:
             raise RolloutConfigError(
                 f"{lane.key}.env_id={lane.env_id!r} with {lane.key}.env_config={lane.env_config}: {err.detail}"
             ) from err
+        self.specs[lane.key] = session.spec
         try:
             started = time.perf_counter()
             try:

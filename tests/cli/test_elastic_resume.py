@@ -90,6 +90,13 @@ def test_a_run_resumes_on_another_number_of_ranks_with_every_group_once(
     still_owed, _ = owed_and_settled(final)
     assert owed <= resumed | still_owed, "every owed group played by the new ranks or kept for the next resume"
     assert sorted(dumped_groups(root)) == [1, 2, 3, 4]  # the dump goes on where the first run stopped
+    if after == 1:  # evaluation on another panel of held-out boards: the training position is not checked
+        other = run_cli(
+            "validate", *common, *ranks_args(1, plain=False), "--ckpt_path", "last", "--seed_everything", "7",
+            "--data.evaluation.episodes", "4", cwd=tmp_path,
+        )  # fmt: skip
+        assert other.returncode == 0, other.stderr[-3000:]
+        assert "eval/success_rate" in other.stdout
 
 
 def test_a_sharded_checkpoint_and_a_strategy_that_reads_only_files_are_named_in_one_line(tmp_path: Path) -> None:

@@ -31,6 +31,9 @@ CAPABILITIES = (
     "fork",  # for envs with EnvSpec.forkable
 )
 T = TypeVar("T")
+STREAM_BACKLOG = 1024
+"""Requests one Stream may have read whose answers are not yet sent: a client that stops reading its answers stops
+being read (else its answers pile up here: 50,000 unread FrozenLake steps grew a server by 75 MB)."""
 
 
 class EnvService(pb_grpc.EnvServiceServicer):
@@ -40,6 +43,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.draining = False
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env")
         self.placement = BatchPlacement()
+        self.stream_backlog_limit = STREAM_BACKLOG  # per stream
+        self.stream_backlog = 0  # over all streams: requests read, answers not yet sent
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the pool and turn a ProtocolError into the RPC's status."""
@@ -180,12 +185,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: Any
     ) -> AsyncIterator[pb.StreamResponse]:
         # Requests arriving while earlier ones run are answered together in one pool job; up to `workers` jobs
-        # run at once, so one slow env does not hold up the stream's other sessions.
+        # run at once, so one slow env does not hold up the stream's other sessions. At most
+        # `stream_backlog_limit` requests are read ahead of the answers sent (one answer per request).
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[pb.StreamResponse | None] = asyncio.Queue()
         waiting: list[pb.StreamRequest] = []
         arrived = asyncio.Event()
         jobs = asyncio.Semaphore(self.pool._max_workers)
+        room = asyncio.Semaphore(self.stream_backlog_limit)
+        held = 0  # this stream's share of `stream_backlog`
         running: set[asyncio.Task[None]] = set()
 
         def answer(req: pb.StreamRequest) -> pb.StreamResponse:
@@ -207,8 +215,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 jobs.release()
 
         async def read() -> None:
+            nonlocal held
+            requests = aiter(request_iterator)
             try:
-                async for req in request_iterator:
+                while True:
+                    await room.acquire()  # room for the answer first: an unread client is not read either
+                    try:
+                        req = await anext(requests)
+                    except StopAsyncIteration:
+                        return
+                    held += 1
+                    self.stream_backlog += 1
                     waiting.append(req)
                     arrived.set()
             finally:  # however reading ends, wake the dispatcher to finish
@@ -239,9 +256,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
         try:
             while (item := await out.get()) is not None:
                 yield item
+                held -= 1
+                self.stream_backlog -= 1
+                room.release()
         finally:
             reader.cancel()
             dispatcher.cancel()
+            self.stream_backlog -= held
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             raise reader.exception()  # end the call with its status
 

@@ -114,6 +114,7 @@ def episode_record(
                 "response_tokens": len(turn.response_ids),
                 "finish_reason": turn.finish_reason,
                 "policy_version": turn.policy_version,
+                "versions": [list(v) for v in turn.versions],  # on_suspend: keep: [token offset, version] pieces
                 # step rows key a turn by its index in the whole episode; a trajectory row's turns share one value
                 "advantage": (advantages or {}).get(
                     (episode.traj_key, episode.first_turn + k), (advantages or {}).get((episode.traj_key, k))

@@ -123,6 +123,7 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "response_tokens": len(tokenizer.encode(XSS, add_special_tokens=False)) + 1,
                 "finish_reason": "stop",
                 "policy_version": 4,
+                "versions": [],  # one version sampled it all
                 "advantage": 0.0,  # trajectory rows: row 0 (this episode) covers both turns
             },
             {
@@ -137,7 +138,8 @@ def test_dumps_every_n_steps_with_exact_records(tmp_path: Path, tokenizer: Any) 
                 "metrics": {"success": 1.0},
                 "response_tokens": 3,
                 "finish_reason": "length",
-                "policy_version": 5,
+                "policy_version": 4,  # as old as its oldest token
+                "versions": [[0, 4], [1, 5]],  # token 0 from weights v4, tokens 1-2 from v5
                 "advantage": 0.0,
             },
         ],

@@ -77,6 +77,8 @@ def test_viewer_renders_a_dump_escaped(tmp_path: Path, tokenizer: Any) -> None:
     assert 'class="c sokoban-wall"' in sokoban and 'class="c sokoban-target"' in sokoban
     assert 'class="c frozenlake-hole"' in frozen and 'class="c frozenlake-goal"' in frozen
     assert '<div class="note">moved</div>' in out["turns"][1]  # text under the board stays text
+    # a reply continued across a weight sync (on_suspend: keep) says where its weights changed
+    assert "weights v1 (tokens 0-0), v2 (from token 1)" in out["turns"][1] and "weights v1)" in out["turns"][0]
     # the reply prefix (a prompt part, never sampled) is greyed, the sampled rest is not
     assert re.search(r'<span class="prefix"[^>]*>&lt;answer&gt;</span>Right&lt;/answer&gt;', out["turns"][1])
     assert 'class="prefix"' not in out["turns"][0]

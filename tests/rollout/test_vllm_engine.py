@@ -131,6 +131,37 @@ async def test_a_cancelled_request_is_aborted_inside_the_engine(engine: VLLMEngi
     pytest.fail("every reply ended before it could be cancelled")
 
 
+async def test_an_interrupted_reply_returns_its_tokens_and_goes_on_where_it_stopped(
+    engine: VLLMEngine, tokenizer: Any
+) -> None:
+    """``on_suspend: keep`` on vLLM: `interrupt` ends a reply in flight with the tokens it has (and their
+    log-probs); asked again from prompt + those tokens, the same weights give, greedy, token for token the reply
+    an uninterrupted request gives."""
+    prompt = _prompt(tokenizer, "go on")
+    greedy = SamplingParams(max_new_tokens=200, temperature=0, stop_token_ids=())
+    whole = await engine.generate(prompt, greedy)
+    for _attempt in range(20):  # it may finish before the interrupt comes: then try again
+        call = asyncio.create_task(engine.generate(prompt, greedy))
+        while not any(tokens for tokens, _ in engine._sampled.values()) and not call.done():
+            await asyncio.sleep(0.001)
+        if call.done():
+            await call
+            continue
+        await engine.interrupt()
+        first = await call
+        assert first.finish_reason == "abort" and 0 < len(first.token_ids) < len(whole.token_ids)
+        rest = await engine.generate(
+            prompt + first.token_ids, greedy.replace(max_new_tokens=greedy.max_new_tokens - len(first.token_ids))
+        )
+        assert first.token_ids + rest.token_ids == whole.token_ids
+        torch.testing.assert_close(
+            torch.tensor(first.logprobs + rest.logprobs), torch.tensor(whole.logprobs), atol=1e-4, rtol=0
+        )
+        assert not engine._running and not engine._sampled
+        return
+    pytest.fail("every reply ended before it could be interrupted")
+
+
 async def test_prompt_longer_than_the_model_accepts_fails_only_that_call(engine: VLLMEngine, tokenizer: Any) -> None:
     with pytest.raises(Exception, match="(?i)length|long|max_model_len"):
         await engine.generate([5] * 2000, SamplingParams(max_new_tokens=4))

@@ -25,7 +25,8 @@ def prompt_text(tokenizer: Any, observation: str) -> str:
 
 def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
     """Three groups of two (sokoban, frozenlake, sokoban); seeds encode the step, so a dump of a stale batch
-    would show. Member 0 of each group plays two turns and succeeds; member 1 plays one invalid turn."""
+        would show. Member 0 of each group plays two turns and succeeds (its second reply continued across a weight sync:
+    ``on_suspend: keep``); member 1 plays one invalid turn."""
     episodes = []
     for g, (env_id, board) in enumerate([("sokoban", SOKOBAN), ("frozenlake", FROZEN), ("sokoban", SOKOBAN)]):
         prompt = tokenizer.encode(prompt_text(tokenizer, board), add_special_tokens=False)
@@ -34,7 +35,8 @@ def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
             first = Turn(prompt, reply_ids, [-0.5] * len(reply_ids), "stop", step, observation=board, reply=XSS)
             if member == 0:
                 first.reward, first.metrics = 0.5, {"success": 0.0, "nan_metric": float("nan")}
-                second = Turn([5, 6], [7, 8, 9], [-0.1] * 3, "length", step + 1, observation=board + "\nmoved")
+                second = Turn([5, 6], [7, 8, 9], [-0.1] * 3, "length", step, observation=board + "\nmoved")
+                second.versions = ((0, step), (1, step + 1))  # a weight sync came after its first token (keep)
                 second.reply, second.reward, second.metrics = "<answer>Right</answer>", 1.0, {"success": 1.0}
                 second.reply_prefix = "<answer>"  # a prompt part: the viewer greys it
                 turns, end, final = [first, second], "terminated", board + "\nsolved"

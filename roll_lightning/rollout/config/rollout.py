@@ -30,6 +30,9 @@ __all__ = ["EnvsConfig", "EvalConfig", "RolloutConfig", "RolloutConfigError"]
 DEFAULT_ENV = "sokoban"
 
 
+OnSuspend = Literal["wait", "abort", "keep"]  # what a suspend does to the replies in flight (`GenerationGate`)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are collected (docs/training.md says why each setting exists and what it costs).
@@ -57,7 +60,9 @@ class RolloutConfig:
             any takes turn k+1).
         on_suspend: the replies in flight when generation is suspended (before a weight load or the engine's
             sleep): ``wait`` lets them finish with the old weights; ``abort`` cancels them and asks those turns
-            again after the resume, with the new weights.
+            again after the resume, with the new weights; ``keep`` stops each where it is and continues it after
+            the resume from the tokens it kept, with the new weights (each token keeps the log-prob of the
+            weights that sampled it; a reply counts as old as its oldest token).
         seed: the run's seed; group g's seed is derived from (seed, g), so runs and resumes are reproducible.
         group_filter: dynamic sampling (`rollout.groups.filters`): ``zero_variance`` or ``top_p_variance``; off by
             default.
@@ -81,7 +86,7 @@ class RolloutConfig:
     turn_timeout_s: float = 600.0
     episode_timeout_s: float = 3600.0
     mode: Literal["async", "lockstep"] = "async"
-    on_suspend: Literal["wait", "abort"] = "wait"
+    on_suspend: OnSuspend = "wait"
     seed: int = 0
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig)

@@ -114,6 +114,39 @@ class AdapterEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class Interruptible(Protocol):
+    """An engine that can stop its replies in flight where they are (``on_suspend: keep``)."""
+
+    async def interrupt(self) -> None:
+        """Every reply in flight (or queued) now returns at once with the tokens it has, ``finish_reason="abort"``;
+        replies asked after this call are not affected."""
+        ...
+
+
+def joined(segments: Sequence[Generation]) -> Generation:
+    """One reply from the pieces several weight versions sampled: its tokens and log-probs in order,
+    ``policy_version`` the oldest (a reply is as stale as its oldest token), ``extra["versions"]`` the
+    ``[token offset, version]`` where each piece starts."""
+    if len(segments) == 1:
+        return segments[0]
+    last = segments[-1]
+    versions: list[list[int]] = []
+    offset = 0
+    for piece in segments:
+        if piece.token_ids and (not versions or versions[-1][1] != piece.policy_version):
+            versions.append([offset, piece.policy_version])
+        offset += len(piece.token_ids)
+    return Generation(
+        token_ids=[t for piece in segments for t in piece.token_ids],
+        logprobs=[lp for piece in segments for lp in piece.logprobs],
+        finish_reason=last.finish_reason,
+        policy_version=min(p.policy_version for p in segments if p.token_ids) if offset else last.policy_version,
+        prompt_tokens=segments[0].prompt_tokens,
+        extra={**last.extra, "versions": versions} if len(versions) > 1 else dict(last.extra),
+    )
+
+
 def stop_string_end(
     decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop: Sequence[str]
 ) -> int | None:

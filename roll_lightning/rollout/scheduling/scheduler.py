@@ -66,6 +66,7 @@ class RolloutScheduler:
             "groups_failed_in_a_row": 0,
             "outage_waits": 0,  # replays during an outage (no retry used)
             "turns_aborted": 0,  # replies a suspend cancelled (on_suspend: abort)
+            "turns_kept": 0,  # replies a suspend stopped and the new weights continued (on_suspend: keep)
         }
         self.gate = GenerationGate(engine, config.on_suspend, self.counters)
         self.failures = FailurePolicy(config, self.counters, self.fail)
@@ -109,6 +110,10 @@ class RolloutScheduler:
         batch.metrics.update(filter_metrics(self.filter, groups, filtered, sum(needed)))
         batch.metrics["rollout/turns_redone"] = float(sum(t.redone > 0 for ep in episodes for t in ep.turns))
         batch.metrics["rollout/turns_aborted_total"] = float(self.counters["turns_aborted"])
+        if self.config.on_suspend == "keep":
+            batch.metrics["rollout/turns_kept_total"] = float(self.counters["turns_kept"])
+            across = sum(bool(t.versions) for ep in episodes for t in ep.turns)  # replies several weights sampled
+            batch.metrics["rollout/turns_across_versions"] = float(across)
         if self.config.branch.on:
             plans = [g.branches for g in groups]
             forks = sum(p.forks for p in plans)

@@ -184,6 +184,44 @@ def test_a_killed_run_with_a_group_filter_replays_neither_trained_nor_filtered_g
     assert settled_groups(root / "checkpoints" / "last.ckpt") >= settled | set(after)
 
 
+def test_a_killed_run_that_keeps_replies_across_syncs_resumes_with_every_group_once(tmp_path: Path) -> None:
+    """``on_suspend: keep`` with groups running ahead of the update (``max_staleness: 1``), two envs and a group
+    filter: replies stopped at a sync and finished by the next weights; across a SIGKILL and the resume no group
+    is trained twice, and none the first run settled (trained or filtered) is played again."""
+    two = tmp_path / "two_envs.yaml"
+    envs = [
+        {"tag": "frozenlake", "env_id": "frozenlake", "groups": 1},
+        {"tag": "sokoban", "env_id": "sokoban", "env_config": {"dim_room": [6, 6]}, "groups": 1},
+    ]
+    two.write_text(yaml.safe_dump({"data": {"rollout": {"env_id": None, "envs": envs}}}))
+    extra = (
+        "--config", str(two), "--data.rollout.on_suspend", "keep", "--data.rollout.max_staleness", "1", *FILTER,
+        "--data.rollout.episode.sampling.max_new_tokens", "64",  # long enough replies to be in flight at a sync
+    )  # fmt: skip
+    root = tmp_path / "run"
+    assert kill_after_second_checkpoint(root, "default", signal.SIGKILL, extra) == -signal.SIGKILL
+    last = root / "checkpoints" / "last.ckpt"
+    done = step_of(last)
+    (rank,) = torch.load(last, weights_only=False, map_location="cpu")["RolloutDataModule"]["ranks"]
+    settled = {
+        f"{tag}/g{i}"
+        for tag, lane in rank["lanes"].items()
+        for i in [*range(lane["watermark"]), *lane["settled_above"]]
+    }
+    (first_log,) = root.glob("lightning_logs/version_*")
+    before = [g.rsplit("/", 1)[0] for step, groups in dumped_groups(first_log).items() if step <= done for g in groups]
+    assert set(before) <= settled
+    resumed = run_cli(*fit_args(root, "default", extra=extra), "--ckpt_path", "last", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after_steps = dumped_groups(root / "lightning_logs" / "version_1")
+    assert sorted(after_steps) == list(range(done + 1, STEPS + 1))
+    after = [g.rsplit("/", 1)[0] for groups in after_steps.values() for g in groups]
+    assert len(before + after) == len(set(before + after)), "no group trained twice"
+    assert not set(after) & settled, "nothing settled before the kill is played again"
+    turns = [t for path in root.rglob("step_*.jsonl") for line in path.open() for t in json.loads(line)["turns"]]
+    assert any(t["versions"] for t in turns), "some reply was stopped at a sync and finished by the next weights"
+
+
 BRANCH = (
     "--data.rollout.episode.layout", "step", "--model.algorithm.estimator", "vine",
     "--data.rollout.branch.every", "1",

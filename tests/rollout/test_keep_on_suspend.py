@@ -163,3 +163,66 @@ async def test_a_kept_reply_is_the_old_weights_tokens_then_what_the_new_weights_
     torch.testing.assert_close(weights[0][mask][cut:], torch.ones(len(reply) - cut), atol=1e-3, rtol=0)
     assert (expected[:cut] - 1).abs().max() > 1e-2  # the two weights differ where the old ones sampled
     assert episode.final_observation == f"seed={episode.seed} t=1"  # the env got the whole reply, once
+
+
+async def test_an_agents_call_in_flight_at_a_sync_is_finished_by_the_new_weights(
+    model_dir: Path, model_dir_seed1: Path, tokenizer: Any
+) -> None:
+    """The agent endpoint behind a ``keep`` gate: an OpenAI-client call stopped a few tokens in by a sync gets,
+    after the load, one whole reply; its record says where the weights changed and its log-probs are those the
+    client saw."""
+    import openai
+    from transformers import AutoModelForCausalLM
+
+    from roll_lightning.rollout.agents.endpoint import AgentEndpoint, EndpointConfig
+
+    new_model = AutoModelForCausalLM.from_pretrained(model_dir_seed1, dtype=torch.float32).eval()
+    engine = TransformersEngine(model_dir, seed=0)
+    gate = GenerationGate(engine, "keep", {})
+    served = AgentEndpoint(gate, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=12))  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    in_generation, let_go = asyncio.Event(), threading.Event()
+    forwards = [0]
+    original = engine.model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        forwards[0] += 1
+        if forwards[0] == 3:
+            loop.call_soon_threadsafe(in_generation.set)
+            let_go.wait()
+        return original(*args, **kwargs)
+
+    engine.model.forward = forward  # type: ignore[method-assign]
+    await served.start()
+    key = served.open()
+    agent = openai.AsyncOpenAI(base_url=served.url(key), api_key="unused", max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "Go."}]
+        call = asyncio.create_task(
+            agent.chat.completions.create(
+                model="policy",
+                messages=messages,
+                temperature=0,
+                max_tokens=12,
+                logprobs=True,  # type: ignore[arg-type]
+            )
+        )
+        await in_generation.wait()
+        closing = asyncio.create_task(gate.close())
+        await asyncio.sleep(0.05)
+        let_go.set()
+        await closing
+        await engine.load_weights(new_model.state_dict(), version=1)
+        gate.open()
+        answer = await call
+    finally:
+        let_go.set()
+        await agent.close()
+        await served.stop()
+        await engine.close()
+    (recorded,) = served.finish(key).calls
+    ((start, old), (cut, new)) = recorded.versions
+    assert (start, old, new) == (0, 0, 1) and 1 <= cut < len(recorded.reply_ids)
+    assert [t.logprob for t in answer.choices[0].logprobs.content] == recorded.logprobs  # type: ignore[union-attr]
+    assert answer.usage.completion_tokens == len(recorded.reply_ids)  # type: ignore[union-attr]
+    assert recorded.policy_version == 0 and answer.system_fingerprint == "policy-v0"  # as old as its oldest token

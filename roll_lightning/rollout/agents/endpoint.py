@@ -282,6 +282,7 @@ class AgentEndpoint:
                 finish_reason=generation.finish_reason,
                 shown=since_last_reply(messages),
                 reply=text_of(reply.get("content")),
+                versions=tuple((int(at), int(v)) for at, v in generation.extra.get("versions", ())),
             )
             episode.record(plan, call, self.stop_ids, reply)  # before answering: a vanished client loses nothing
             self.clamped += asked.clamped

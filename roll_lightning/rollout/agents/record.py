@@ -23,6 +23,7 @@ class AgentCall:
     finish_reason: str
     shown: str = ""  # what the call showed the model since its last reply, as text (the viewer's observation)
     reply: str = ""  # the reply's text as returned
+    versions: tuple[tuple[int, int], ...] = ()  # on_suspend: keep: where the weights changed under the reply
 
 
 @dataclass

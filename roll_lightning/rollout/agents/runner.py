@@ -167,6 +167,7 @@ def filled(episode: Episode, record: AgentEpisode) -> Episode:
             observation=call.shown,
             reply=call.reply,
             anchor=prompt_state(call.prompt_ids),
+            versions=call.versions,
         )
         for call in record.calls
     ]

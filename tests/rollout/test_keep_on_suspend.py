@@ -42,9 +42,15 @@ async def test_keep_stops_the_replies_in_flight_and_the_new_weights_finish_them(
 ) -> None:
     """A suspend stops every reply in flight (none had finished), and each is then finished by version 1 from where
     it stopped, in the rest of its time: the env gets the whole scripted reply, once."""
-    sim = SimulatedEngine(tokenizer, MOVES, latency_s=0.3)
-    scheduler = RolloutScheduler(pool, sim, tokenizer, config(mode=mode, on_suspend="keep"))
+    asked = [0]
+
+    def latency() -> float:  # the first replies are long, so all of them are in flight at once whatever the load
+        asked[0] += 1
+        return 2.0 if asked[0] <= in_flight else 0.01
+
     in_flight = 8 if mode == "async" else 4
+    sim = SimulatedEngine(tokenizer, MOVES, latency_s=latency)
+    scheduler = RolloutScheduler(pool, sim, tokenizer, config(mode=mode, on_suspend="keep"))
     steps_before = steps_run()
     try:
         task = asyncio.create_task(scheduler.get_batch())

@@ -84,6 +84,31 @@ async def test_concurrent_requests_share_batches_and_match_solo_greedy(model_dir
     assert engine.stats()["requests"] == 16
 
 
+async def test_requests_that_differ_only_in_their_budget_share_batches_each_stopping_at_its_own(
+    model_dir: Path, tokenizer: Any
+) -> None:
+    """A kept reply's continuation asks for what is left of its budget: it still batches with the others, and each
+    row ends at its own ``max_new_tokens`` with the tokens and log-probs it would have had alone."""
+    engine = TransformersEngine(model_dir)
+    prompts = [_prompt(tokenizer, f"board {i} " * (1 + i % 3)) for i in range(3)]
+    budgets = [3, 9, 6]
+    asks = [SamplingParams(max_new_tokens=n, temperature=0, stop_token_ids=()) for n in budgets]
+    engine._suppressed = [*(engine._suppressed or []), *engine.eos_ids]  # no reply ends before its budget
+    try:
+        solo = [await engine.generate(p, a) for p, a in zip(prompts, asks, strict=True)]
+        batches_before = engine._batches
+        await engine.run_on_worker(lambda: None)  # the worker idle: the three calls below arrive together
+        together = await asyncio.gather(*(engine.generate(p, a) for p, a in zip(prompts, asks, strict=True)))
+        batches = engine._batches - batches_before
+    finally:
+        await engine.close()
+    assert batches < 3
+    assert [len(g.token_ids) for g in together] == budgets and {g.finish_reason for g in together} == {"length"}
+    assert [g.token_ids for g in together] == [g.token_ids for g in solo]
+    for alone, batched in zip(solo, together, strict=True):
+        torch.testing.assert_close(torch.tensor(batched.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0)
+
+
 async def test_load_weights_makes_the_engine_generate_with_the_new_model(
     model_dir: Path, model_dir_seed1: Path, tokenizer: Any
 ) -> None:

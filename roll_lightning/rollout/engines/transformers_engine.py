@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roll_lightning.rollout.engines.base import FinishReason, Generation, Weights, iter_buckets, stop_string_end
+from roll_lightning.rollout.engines.base import (
+    FinishReason,
+    Generation,
+    SamplingParams,
+    Weights,
+    iter_buckets,
+    stop_string_end,
+)
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
 from roll_lightning.rollout.prompts.vision import images_of, model_inputs, vision_token_ids
 
@@ -123,15 +130,17 @@ class TransformersEngine(ThreadedEngine):
         self._waiting = [r for r in self._waiting if not self._interrupted(r)]
         if not self._waiting:
             return
-        params = self._waiting[0].params
-        batch = [r for r in self._waiting if r.params == params][: self.max_batch_size]
+        key = _batch_key(self._waiting[0].params)
+        batch = [r for r in self._waiting if _batch_key(r.params) == key][: self.max_batch_size]
         chosen = set(map(id, batch))
         self._waiting = [r for r in self._waiting if id(r) not in chosen]
         self._run_batch(batch, self._generate)
 
     @torch.no_grad()
     def _generate(self, batch: list[Request]) -> list[Generation]:
+        """One `model.generate` for requests alike but for their token budgets (each row stops at its own)."""
         params = batch[0].params
+        budgets = [r.params.max_new_tokens for r in batch]
         width = max(len(r.prompt_ids) for r in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -143,10 +152,12 @@ class TransformersEngine(ThreadedEngine):
         greedy = params.temperature == 0
         torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
         self._batches += 1
-        epoch = self._epoch
+        epoch = min(r.epoch for r in batch)  # an interrupt since any was asked stops the batch
         stopping: list[Any] = [_Interrupted(self, epoch)]
         if params.stop:
             stopping.append(_StopStrings(self._decode, params.stop, width))
+        if len(set(budgets)) > 1:
+            stopping.append(_RowBudgets(budgets, width))
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
@@ -155,7 +166,7 @@ class TransformersEngine(ThreadedEngine):
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
             top_k=None if greedy else params.top_k,  # 0 = off; None would let generation_config's default in
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=max(budgets),
             eos_token_id=stops,
             suppress_tokens=self._suppressed or None,
             pad_token_id=self.pad_id,
@@ -170,8 +181,8 @@ class TransformersEngine(ThreadedEngine):
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         results = []
         stop_set = set(stops)
-        for row in range(len(batch)):
-            ids = new_tokens[row].tolist()
+        for row, budget in enumerate(budgets):
+            ids = new_tokens[row, :budget].tolist()  # a row past its budget is padded
             reason: FinishReason = "length"
             for i, token in enumerate(ids):
                 if token in stop_set:
@@ -180,7 +191,7 @@ class TransformersEngine(ThreadedEngine):
             cut = stop_string_end(self._decode, ids, params.stop)  # rows finished early are padded: cut first
             if cut is not None:
                 ids, reason = ids[:cut], "stop"
-            if reason == "length" and interrupted and len(ids) < params.max_new_tokens:
+            if reason == "length" and interrupted and len(ids) < budget:
                 reason = "abort"  # stopped where it was: `on_suspend: keep` asks on from here
             results.append(
                 Generation(
@@ -192,6 +203,21 @@ class TransformersEngine(ThreadedEngine):
                 )
             )
         return results
+
+
+def _batch_key(params: SamplingParams) -> SamplingParams:
+    """Requests whose sampling differs only in their token budget share a batch."""
+    return params.replace(max_new_tokens=1)
+
+
+class _RowBudgets:
+    """A row is done once it has its own ``max_new_tokens`` (the batch runs to the largest)."""
+
+    def __init__(self, budgets: list[int], prompt_width: int) -> None:
+        self.budgets, self.width = torch.tensor(budgets), prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        return (input_ids.shape[1] - self.width >= self.budgets).to(input_ids.device)
 
 
 class _Interrupted:

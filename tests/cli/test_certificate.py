@@ -42,10 +42,12 @@ def certificate(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "run.json").read_text())
 
 
-def replay(tmp_path: Path, checkpoint: Path, run_json: Path, *more: str) -> tuple[int, list[str]]:
-    """``validate --certificate`` in a fresh process whose cwd, root and model cache are elsewhere: its lines."""
-    done = run_cli("validate", *SETTINGS, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
-                   str(checkpoint), "--certificate", str(run_json), *more, cwd=tmp_path)  # fmt: skip
+def replay(tmp_path: Path, checkpoint: Path | None, run_json: Path, *more: str) -> tuple[int, list[str]]:
+    """``validate --certificate`` in a fresh process whose cwd, root and model cache are elsewhere: its lines
+    (``checkpoint`` None: the untrained policy's result)."""
+    weights = [] if checkpoint is None else ["--ckpt_path", str(checkpoint)]
+    done = run_cli("validate", *SETTINGS, "--trainer.default_root_dir", str(tmp_path / "run"), *weights,
+                   "--certificate", str(run_json), *more, cwd=tmp_path)  # fmt: skip
     assert done.returncode in (0, CERTIFICATE_DIFFERS), done.stderr[-3000:]
     lines = done.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("certificate "))
@@ -155,3 +157,24 @@ def test_a_checkpoint_the_certificate_has_no_result_for_is_one_line(fitted: Path
         f"roll_lightning: error: run certificate {folder / 'run.json'} holds no held-out result for checkpoint "
         f"{folder / 'previous.ckpt'} (rollout step 1, sha256 "
     ), said
+
+
+def test_a_two_rank_runs_evaluation_is_certified_whole_and_checks_on_one_rank(tmp_path: Path) -> None:
+    """Two FSDP2 ranks each play half of the held-out panel: run.json holds all of it (gathered from both ranks),
+    the same panel one rank plays (held-out group g is the same board on any number of ranks), and a one-rank
+    ``validate --certificate`` of the untrained policy matches it episode by episode."""
+    from support.cli import TWO_RANKS
+
+    per_rank = EPISODES // 2
+    settings = [*SETTINGS, "--data.evaluation.episodes", str(per_rank)]  # the later value wins: 4 per rank
+    done = run_cli(
+        "fit", *settings, *TWO_RANKS, "--model.rollout_steps", "1", "--data.evaluation.during_fit", "true",
+        "--data.evaluation.at_fit_start", "true", "--trainer.default_root_dir", str(tmp_path / "two"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    cert = certificate(tmp_path / "two" / "checkpoints")
+    untrained = cert["results"][0]
+    assert untrained["episodes"] == len(untrained["outcomes"]) == EPISODES
+    status, lines = replay(tmp_path, None, tmp_path / "two" / "checkpoints" / "run.json")
+    assert status == 0, "\n".join(lines)
+    assert item(lines, "held-out result").startswith("match")

@@ -37,6 +37,8 @@ class EngineConfig:
         kv_cache_gib: vllm on CPU: KV-cache size.
         gpu_memory_utilization: vllm on GPU: share of GPU memory it may take.
         enable_prefix_caching: vllm: reuse the KV cache of shared prefixes.
+        turn_cache_gib: transformers: memory for each conversation's keys/values kept between its turns, so a
+            turn prefills only its new tokens (least recently used evicted first; emptied at a weight load; 0: off).
         seed: sampling seed (replica i uses seed + i).
         max_lora_rank: vllm: largest LoRA rank served (0 = off); linked from ``model.lora.rank``.
     """
@@ -51,6 +53,7 @@ class EngineConfig:
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.5
     enable_prefix_caching: bool = True
+    turn_cache_gib: float = 1.0
     seed: int = 0
     max_lora_rank: int = 0
 
@@ -62,6 +65,7 @@ class EngineConfig:
             "max_batch_size": (self.max_batch_size >= 1, ">= 1"),
             "max_model_len": (self.max_model_len is None or self.max_model_len >= 1, ">= 1, or null (the model's)"),
             "kv_cache_gib": (self.kv_cache_gib > 0, "> 0"),
+            "turn_cache_gib": (self.turn_cache_gib >= 0, ">= 0 (0: off)"),
             "gpu_memory_utilization": (0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
         }
         check("data.engine", self, rules, EngineConfigError)

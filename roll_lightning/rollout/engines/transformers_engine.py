@@ -17,7 +17,9 @@ from roll_lightning.rollout.engines.base import (
     iter_buckets,
     stop_string_end,
 )
+from roll_lightning.rollout.engines.cached_decode import Row, decode, supports_turn_cache
 from roll_lightning.rollout.engines.threaded import Request, ThreadedEngine
+from roll_lightning.rollout.engines.turn_cache import TurnCache
 from roll_lightning.rollout.prompts.vision import images_of, model_inputs, vision_token_ids
 
 if TYPE_CHECKING:
@@ -34,7 +36,14 @@ class TransformersEngine(ThreadedEngine):
         cls, config: EngineConfig, model: str | Path, *, device: str, seed: int, local_world_size: int
     ) -> TransformersEngine:
         """One replica of ``data.engine``."""
-        return cls(model, device=device, dtype=config.weights_dtype, max_batch_size=config.max_batch_size, seed=seed)
+        return cls(
+            model,
+            device=device,
+            dtype=config.weights_dtype,
+            max_batch_size=config.max_batch_size,
+            seed=seed,
+            turn_cache_gib=config.turn_cache_gib,
+        )
 
     def __init__(
         self,
@@ -46,8 +55,10 @@ class TransformersEngine(ThreadedEngine):
         max_batch_size: int = 64,
         seed: int = 0,
         threads: int | None = None,
+        turn_cache_gib: float = 1.0,
     ) -> None:
-        """``model``: a folder, or a model object with its ``tokenizer``; ``threads``: torch's (None: unchanged)."""
+        """``model``: a folder, or a model object with its ``tokenizer``; ``threads``: torch's (None: unchanged);
+        ``turn_cache_gib``: memory for conversations' keys/values kept between their turns (`TurnCache`; 0: off)."""
         super().__init__()
         from transformers import AutoTokenizer
 
@@ -72,6 +83,7 @@ class TransformersEngine(ThreadedEngine):
         self._batches = 0
         self._threads = threads
         self._waiting: list[Request] = []
+        self.turn_cache = TurnCache(turn_cache_gib if supports_turn_cache(self.model) else 0)
         self._start_worker()
 
     # -- engine interface ----------------------------------------------------------------------------
@@ -92,13 +104,14 @@ class TransformersEngine(ThreadedEngine):
         missing = [name for name, target in targets.items() if id(target) not in written]
         if missing:
             raise ValueError(f"load_weights: missing {missing[:5]} ({len(missing)} tensors were not loaded)")
+        self.turn_cache.clear()  # keys/values of the old weights
         self.policy_version = version
 
     async def sleep(self) -> None:
         if self.device.type != "cuda":
             log.info("transformers engine: sleep is a no-op on %s", self.device)
         elif not self.asleep:
-            await self.run_on_worker(lambda: (self.model.to("cpu"), torch.cuda.empty_cache()))
+            await self.run_on_worker(lambda: (self.turn_cache.clear(), self.model.to("cpu"), torch.cuda.empty_cache()))
             self.asleep = True
 
     async def wake(self) -> None:
@@ -107,7 +120,13 @@ class TransformersEngine(ThreadedEngine):
             self.asleep = False
 
     async def reset_prefix_cache(self) -> None:
-        return None  # generate() keeps no cache across calls
+        await self.run_on_worker(self.turn_cache.clear)
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        out.update({f"turn_cache_{name}": float(n) for name, n in self.turn_cache.counters.items()})
+        out["turn_cache_bytes"] = float(self.turn_cache.nbytes)
+        return out
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
@@ -136,8 +155,47 @@ class TransformersEngine(ThreadedEngine):
         self._waiting = [r for r in self._waiting if id(r) not in chosen]
         self._run_batch(batch, self._generate)
 
-    @torch.no_grad()
     def _generate(self, batch: list[Request]) -> list[Generation]:
+        if self.turn_cache.enabled and not any(images_of(r.prompt_ids) for r in batch):
+            return self._generate_cached(batch)
+        return self._generate_uncached(batch)
+
+    def _generate_cached(self, batch: list[Request]) -> list[Generation]:
+        """`decode` from each conversation's cached keys/values; each row's are kept for its next turn."""
+        params = batch[0].params
+        rows = []
+        for request in batch:
+            prompt = list(request.prompt_ids)
+            past, reused = self.turn_cache.take(request.key, prompt, self.policy_version)
+            rows.append(Row(prompt, request.params.max_new_tokens, past, reused))
+        torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
+        self._batches += 1
+        epoch = min(r.epoch for r in batch)
+        decoded = decode(
+            self.model,
+            rows,
+            params,
+            stops={*self.eos_ids, *params.stop_token_ids},
+            suppressed=self._suppressed,
+            pad_id=self.pad_id,
+            version=self.policy_version,
+            stopped_by_text=_StopStrings.tail_check(self._decode, params.stop),
+            interrupted=lambda: self._epoch != epoch,
+        )
+        results = []
+        for request, out in zip(batch, decoded, strict=True):
+            ids, logprobs = out.token_ids, out.logprobs
+            cut = stop_string_end(self._decode, ids, params.stop)
+            if cut is not None:
+                ids, logprobs = ids[:cut], logprobs[:cut]
+            self.turn_cache.put(request.key, out.kv)
+            results.append(
+                Generation(ids, logprobs, out.reason, self.policy_version, prompt_tokens=len(request.prompt_ids))
+            )
+        return results
+
+    @torch.no_grad()
+    def _generate_uncached(self, batch: list[Request]) -> list[Generation]:
         """One `model.generate` for requests alike but for their token budgets (each row stops at its own)."""
         params = batch[0].params
         budgets = [r.params.max_new_tokens for r in batch]
@@ -236,6 +294,12 @@ class _StopStrings:
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...], prompt_width: int) -> None:
         self.decode, self.stop, self.width = decode, stop, prompt_width
         self.longest = max(len(s) for s in stop)
+
+    @staticmethod
+    def tail_check(decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> Callable[[list[int]], bool]:
+        """For a reply checked after every token: does its tail's text contain a stop string?"""
+        span = max((len(s) for s in stop), default=0) + 8  # a stop string spans few tokens
+        return lambda ids: bool(stop) and any(s in decode(ids[-span:]) for s in stop)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
         tail = input_ids[:, self.width :][:, -(self.longest + 8) :].tolist()  # a stop string spans few tokens

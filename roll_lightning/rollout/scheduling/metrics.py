@@ -53,6 +53,12 @@ def batch_metrics(
         "timing/generate_latency_s": mean("generate_latency_s"),
         "timing/rollout_s": wall_s,
     }
+    if "turn_cache_reused_tokens" in engine_after:  # the transformers engine's `TurnCache`
+        reused, prefilled = (
+            engine_after[f"turn_cache_{n}_tokens"] - engine_before.get(f"turn_cache_{n}_tokens", 0.0)
+            for n in ("reused", "prefilled")
+        )
+        out["rollout/prompt_tokens_reused"] = reused / (reused + prefilled) if reused + prefilled else 0.0
     judged = [m["invalid_action_rate"] for m in per_episode if "invalid_action_rate" in m]
     if judged:  # agents' calls have no judge: no rate rather than a made-up 0
         out["rollout/invalid_action_rate"] = fmean(judged)

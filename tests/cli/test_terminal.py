@@ -73,7 +73,7 @@ def test_a_resumed_run_shows_the_evaluation_of_the_step_its_checkpoint_holds(tmp
     first = run_cli(*args, "--model.rollout_steps", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]  # the same step: no previous.ckpt
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt"]  # the same step: no previous.ckpt
     held = torch.load(folder / "last.ckpt", weights_only=False)
     assert held["rollout_steps"] == 2 and [report["step"] for report in held["eval_reports"]] == [0, 2]
     again = run_cli(*args, "--model.rollout_steps", "3", "--ckpt_path", "last", cwd=tmp_path)

@@ -165,3 +165,14 @@ def test_the_cache_is_bounded_in_bytes_and_evicts_the_least_recently_used() -> N
     assert len(cache) == 2
     assert cache.take("a", [0, 1, 2, 3, 4], version=1) == (None, 0)  # another policy version's keys/values
     assert cache.take("c", [0], version=0) == (None, 0)  # a one-token prompt needs its own logits
+
+
+def test_a_vision_language_model_generates_without_the_cache(tmp_path: Path) -> None:
+    """Its positions follow the pictures (M-RoPE): `model.generate` places them, so the engine keeps no cache."""
+    from transformers import AutoModelForImageTextToText
+
+    from roll_lightning.models.tiny_vl import tiny_vl_model
+    from roll_lightning.rollout.engines.cached_decode import supports_turn_cache
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_model(tmp_path, seed=0))
+    assert not supports_turn_cache(model)

@@ -45,7 +45,10 @@ class Decoded:
 
 
 def supports_turn_cache(model: torch.nn.Module) -> bool:
-    """Only models whose every layer keeps a plain full-attention cache (no sliding windows, no recurrent state)."""
+    """Only text models whose every layer keeps a plain full-attention cache (no sliding windows, no recurrent
+    state); vision-language models place their positions by picture (M-RoPE), which this loop does not."""
+    if getattr(model.config, "vision_config", None) is not None:
+        return False
     try:
         cache = DynamicCache(config=model.config)
     except Exception:  # noqa: BLE001 - a config the cache cannot read: use `model.generate`

@@ -156,11 +156,14 @@ class TransformersEngine(ThreadedEngine):
         self._run_batch(batch, self._generate)
 
     def _generate(self, batch: list[Request]) -> list[Generation]:
+        torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
+        self._batches += 1
+        epoch = min(r.epoch for r in batch)  # an interrupt since any was asked stops the batch
         if self.turn_cache.enabled and not any(images_of(r.prompt_ids) for r in batch):
-            return self._generate_cached(batch)
-        return self._generate_uncached(batch)
+            return self._generate_cached(batch, epoch)
+        return self._generate_uncached(batch, epoch)
 
-    def _generate_cached(self, batch: list[Request]) -> list[Generation]:
+    def _generate_cached(self, batch: list[Request], epoch: int) -> list[Generation]:
         """`decode` from each conversation's cached keys/values; each row's are kept for its next turn."""
         params = batch[0].params
         rows = []
@@ -168,9 +171,6 @@ class TransformersEngine(ThreadedEngine):
             prompt = list(request.prompt_ids)
             past, reused = self.turn_cache.take(request.key, prompt, self.policy_version)
             rows.append(Row(prompt, request.params.max_new_tokens, past, reused))
-        torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
-        self._batches += 1
-        epoch = min(r.epoch for r in batch)
         decoded = decode(
             self.model,
             rows,
@@ -195,7 +195,7 @@ class TransformersEngine(ThreadedEngine):
         return results
 
     @torch.no_grad()
-    def _generate_uncached(self, batch: list[Request]) -> list[Generation]:
+    def _generate_uncached(self, batch: list[Request], epoch: int) -> list[Generation]:
         """One `model.generate` for requests alike but for their token budgets (each row stops at its own)."""
         params = batch[0].params
         budgets = [r.params.max_new_tokens for r in batch]
@@ -208,9 +208,6 @@ class TransformersEngine(ThreadedEngine):
         pictures = model_inputs(input_ids, [images_of(r.prompt_ids) for r in batch], self._image_token_id)
         stops = list(dict.fromkeys([*self.eos_ids, *params.stop_token_ids]))
         greedy = params.temperature == 0
-        torch.manual_seed(self._generator_seed * 1_000_003 + self._batches)
-        self._batches += 1
-        epoch = min(r.epoch for r in batch)  # an interrupt since any was asked stops the batch
         stopping: list[Any] = [_Interrupted(self, epoch)]
         if params.stop:
             stopping.append(_StopStrings(self._decode, params.stop, width))
@@ -292,8 +289,7 @@ class _StopStrings:
     """A row is done once its reply's text contains a stop string."""
 
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...], prompt_width: int) -> None:
-        self.decode, self.stop, self.width = decode, stop, prompt_width
-        self.longest = max(len(s) for s in stop)
+        self.width, self.found = prompt_width, self.tail_check(decode, stop)
 
     @staticmethod
     def tail_check(decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> Callable[[list[int]], bool]:
@@ -302,8 +298,8 @@ class _StopStrings:
         return lambda ids: bool(stop) and any(s in decode(ids[-span:]) for s in stop)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
-        tail = input_ids[:, self.width :][:, -(self.longest + 8) :].tolist()  # a stop string spans few tokens
-        return torch.tensor([any(s in self.decode(ids) for s in self.stop) for ids in tail], device=input_ids.device)
+        replies = input_ids[:, self.width :].tolist()
+        return torch.tensor([self.found(ids) for ids in replies], device=input_ids.device)
 
 
 def _eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:

@@ -13,7 +13,6 @@ the last test aborts the real transformers engine on the tiny model in the middl
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.held_forward import hold_at_forward
 from support.plugin_envs import SlowEnv
 
 from roll_lightning.env_client import EnvPool
@@ -253,26 +253,14 @@ def test_on_suspend_is_wait_or_abort() -> None:
 async def test_transformers_engine_aborted_mid_generation_keeps_no_partial_reply(
     pool: EnvPool, model_dir: Path, model_dir_seed1: Path, tokenizer: Any
 ) -> None:
-    """The real engine on the tiny model, stopped inside `model.generate` (two tokens sampled): the suspend
+    """The real engine on the tiny model, stopped inside a generation (two tokens sampled): the suspend
     returns while the worker is still in that generation, its output is thrown away, and the turn is written
     again, whole, by the weights loaded meanwhile (their log-probs match a recomputation with those weights)."""
     from transformers import AutoModelForCausalLM
 
     new_model = AutoModelForCausalLM.from_pretrained(model_dir_seed1, dtype=torch.float32).eval()
     engine = TransformersEngine(model_dir, seed=0)
-    loop = asyncio.get_running_loop()
-    in_generation, let_go = asyncio.Event(), threading.Event()
-    forwards = [0]
-    original = engine.model.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:  # the worker thread: the third forward is two tokens in
-        forwards[0] += 1
-        if forwards[0] == 3:
-            loop.call_soon_threadsafe(in_generation.set)
-            let_go.wait()
-        return original(*args, **kwargs)
-
-    engine.model.forward = forward  # type: ignore[method-assign]
+    in_generation, let_go = hold_at_forward(engine.model)  # two tokens in
     sampling = SamplingParams(max_new_tokens=8, temperature=1.0)
     episode = EpisodeSettings(max_turns=2, max_context_tokens=1024, sampling=sampling)
     cfg = RolloutConfig(

@@ -9,12 +9,12 @@ the others stop the real transformers and vLLM engines on the tiny model in the 
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.held_forward import hold_at_forward
 from test_abort_on_suspend import TURNS, check_whole_turns, config, scripted, steps_run
 
 from roll_lightning.algorithms.correction import importance_weights
@@ -102,7 +102,7 @@ def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 async def test_a_kept_reply_is_the_old_weights_tokens_then_what_the_new_weights_sample_from_there(
     pool: EnvPool, model_dir: Path, model_dir_seed1: Path, tokenizer: Any
 ) -> None:
-    """The real engine on the tiny model, greedy, stopped inside `model.generate` a few tokens in; new weights are
+    """The real engine on the tiny model, greedy, stopped inside a generation a few tokens in; new weights are
     loaded; the reply is token for token the old weights' greedy tokens up to the stop, then the new weights'
     greedy continuation of prompt + those tokens, and each piece's engine log-probs match the trainer's
     recomputation with the weights that sampled it; the batch carries them as its behaviour log-probs."""
@@ -111,19 +111,7 @@ async def test_a_kept_reply_is_the_old_weights_tokens_then_what_the_new_weights_
     old_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     new_model = AutoModelForCausalLM.from_pretrained(model_dir_seed1, dtype=torch.float32).eval()
     engine = TransformersEngine(model_dir, seed=0)
-    loop = asyncio.get_running_loop()
-    in_generation, let_go = asyncio.Event(), threading.Event()
-    forwards = [0]
-    original = engine.model.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:  # the worker thread: the third forward is two tokens in
-        forwards[0] += 1
-        if forwards[0] == 3:
-            loop.call_soon_threadsafe(in_generation.set)
-            let_go.wait()
-        return original(*args, **kwargs)
-
-    engine.model.forward = forward  # type: ignore[method-assign]
+    in_generation, let_go = hold_at_forward(engine.model)  # two tokens in
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     cfg = RolloutConfig(
         env_id="slow", env_config={"max_steps": 1}, group_size=1, batch_size=1, on_suspend="keep",
@@ -186,19 +174,7 @@ async def test_an_agents_call_in_flight_at_a_sync_is_finished_by_the_new_weights
     engine = TransformersEngine(model_dir, seed=0)
     gate = GenerationGate(engine, "keep", {})
     served = AgentEndpoint(gate, tokenizer, EndpointConfig(max_context_tokens=2048, max_tokens=12))  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
-    in_generation, let_go = asyncio.Event(), threading.Event()
-    forwards = [0]
-    original = engine.model.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        forwards[0] += 1
-        if forwards[0] == 3:
-            loop.call_soon_threadsafe(in_generation.set)
-            let_go.wait()
-        return original(*args, **kwargs)
-
-    engine.model.forward = forward  # type: ignore[method-assign]
+    in_generation, let_go = hold_at_forward(engine.model)  # two tokens in
     await served.start()
     key = served.open()
     agent = openai.AsyncOpenAI(base_url=served.url(key), api_key="unused", max_retries=0)

@@ -25,8 +25,8 @@ def prompt_text(tokenizer: Any, observation: str) -> str:
 
 def make_episodes(tokenizer: Any, step: int) -> list[Episode]:
     """Three groups of two (sokoban, frozenlake, sokoban); seeds encode the step, so a dump of a stale batch
-        would show. Member 0 of each group plays two turns and succeeds (its second reply continued across a weight sync:
-    ``on_suspend: keep``); member 1 plays one invalid turn."""
+    would show. Member 0 of each group plays two turns and succeeds (its second reply continued across a weight
+    sync: ``on_suspend: keep``); member 1 plays one invalid turn."""
     episodes = []
     for g, (env_id, board) in enumerate([("sokoban", SOKOBAN), ("frozenlake", FROZEN), ("sokoban", SOKOBAN)]):
         prompt = tokenizer.encode(prompt_text(tokenizer, board), add_special_tokens=False)

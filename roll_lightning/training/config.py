@@ -102,6 +102,8 @@ class AlgorithmConfig:
         micro_batching: ``token_budget`` (rows grouped by length under ``max_tokens_per_micro``) or ``fixed``
             (``micro_batch_size`` rows in order); the gradient is the same.
         max_tokens_per_micro: token_budget: the most (rows x padded length) tokens in one forward pass.
+        micro_pass_tokens: token_budget: what one more forward pass costs, counted in tokens; rows of different
+            lengths go to separate passes where that saves more padding than this (0: the least padding).
         micro_batch_size: fixed: rows per forward pass.
         max_grad_norm: gradient clipping (0 = off).
         recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True) or the engine's
@@ -133,6 +135,7 @@ class AlgorithmConfig:
     batch_adjust: BatchAdjustMode = "none"
     micro_batching: Literal["token_budget", "fixed"] = "token_budget"
     max_tokens_per_micro: int = 8192
+    micro_pass_tokens: int = 256
     micro_batch_size: int = 4
     max_grad_norm: float = 1.0
     recompute_old_logprobs: bool = True
@@ -151,6 +154,7 @@ class AlgorithmConfig:
             "batch_adjust": choice(self, "batch_adjust"),
             "micro_batch_size": (self.micro_batch_size >= 1, ">= 1"),
             "max_tokens_per_micro": (self.max_tokens_per_micro >= 1, ">= 1"),
+            "micro_pass_tokens": (self.micro_pass_tokens >= 0, ">= 0"),
             "temperature": (self.temperature > 0, "> 0"),
             "kl_coef": (self.kl_coef >= 0, ">= 0"),
             "kl_kind": choice(self, "kl_kind"),
@@ -194,7 +198,13 @@ class AlgorithmConfig:
         """How a mini-batch's rows become forward passes (``micro_batching``), with its size or token budget."""
         if self.micro_batching == "fixed":
             return FixedMicroBatches(self.micro_batch_size)
-        return TokenBudgetMicroBatches(self.max_tokens_per_micro)
+        return self.token_budget
+
+    @property
+    def token_budget(self) -> TokenBudgetMicroBatches:
+        """Micro-batches by token budget (``max_tokens_per_micro``, ``micro_pass_tokens``); the no-grad passes use
+        them whatever ``micro_batching`` says."""
+        return TokenBudgetMicroBatches(self.max_tokens_per_micro, self.micro_pass_tokens)
 
     @property
     def uses_critic(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,18 +29,29 @@ class FixedMicroBatches:
 
 @dataclass(frozen=True)
 class TokenBudgetMicroBatches:
-    """Rows packed longest first while ``rows x longest <= max_tokens``."""
+    """Rows sorted longest first, cut into runs with ``rows x longest <= max_tokens`` that minimise the tokens
+    computed (padding included) plus ``pass_tokens`` for each forward pass: rows of very different lengths go to
+    different passes when that saves more padding than a pass costs (an exact dynamic programme over the runs)."""
 
     max_tokens: int
+    pass_tokens: int = 0
     pads_to_batch: ClassVar[bool] = False
 
     def plan(self, lengths: Sequence[int]) -> list[list[int]]:
-        plans: list[list[int]] = []
-        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-            if plans and (len(plans[-1]) + 1) * lengths[plans[-1][0]] <= self.max_tokens:
-                plans[-1].append(i)
-            else:
-                plans.append([i])
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        longest = np.array([lengths[i] for i in order], dtype=np.int64)
+        n = len(order)
+        cost = np.zeros(n + 1, dtype=np.int64)  # cost[i]: the best plan of rows i.. (sorted)
+        take = np.ones(n, dtype=np.int64)  # the rows in the first run of that plan
+        for i in range(n - 1, -1, -1):
+            most = min(n - i, max(1, self.max_tokens // max(1, int(longest[i]))))  # a row over budget sits alone
+            options = np.arange(1, most + 1) * longest[i] + cost[i + 1 : i + most + 1]
+            take[i] = most - int(np.argmin(options[::-1]))  # on a tie, the longer run: fewer passes
+            cost[i] = self.pass_tokens + options[take[i] - 1]
+        plans, i = [], 0
+        while i < n:
+            plans.append(order[i : i + int(take[i])])
+            i += int(take[i])
         return plans
 
 
@@ -103,6 +115,7 @@ def policy_forward(
         attention_mask=batch.attention_mask,
         **_positions(model, batch),
         logits_to_keep=wanted,
+        use_cache=False,  # a training forward: no keys/values to keep (HF builds a cache by default)
     )
     suppressed = vision_token_ids(_config(model))
     targets = batch.input_ids[:, wanted + 1]
@@ -124,7 +137,9 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: RolloutBatch) -> torch.Tensor:
-        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **_positions(self, batch))
+        out = self.backbone(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **_positions(self, batch)
+        )
         return self.head(out.last_hidden_state).squeeze(-1).float()
 
 

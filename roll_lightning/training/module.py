@@ -30,7 +30,7 @@ from roll_lightning.training.config import AlgorithmConfig, LoraConfig, OptimCon
 from roll_lightning.training.device_ops import DeviceOps, TorchDeviceOps
 from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.eval_report import EvalReport, FitRecord, episode_lines, gathered, held_out
-from roll_lightning.training.forward import MicroBatching, TokenBudgetMicroBatches, ValueModel, policy_forward, trim
+from roll_lightning.training.forward import MicroBatching, ValueModel, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
 from roll_lightning.training.weights import policy_update
 
@@ -398,7 +398,7 @@ class AgentRLModule(L.LightningModule):
         """``per_token(part)`` over unpadded micro-batches, as ``[B, L]``."""
         out = torch.zeros_like(batch.behaviour_logprobs)
         lengths = batch.attention_mask.sum(-1).tolist()
-        plans = TokenBudgetMicroBatches(self.algorithm.max_tokens_per_micro).plan(lengths)
+        plans = self.algorithm.token_budget.plan(lengths)
         plans += [[]] * (self._world_max(len(plans)) - len(plans))
         for plan in plans:
             values = per_token(trim(batch, plan or [0], pad_to_batch=False))

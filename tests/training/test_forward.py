@@ -1,13 +1,16 @@
-"""Forward helpers: chunked log-probs equal a whole log-softmax; micro-batch plans cover every row once."""
+"""Forward helpers: chunked log-probs equal a whole log-softmax; micro-batch plans cover every row once, and the
+token-budget plan is the cheapest split."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from roll_lightning.training import AlgorithmConfig
-from roll_lightning.training.forward import target_logprobs, token_logprobs
+from roll_lightning.training.forward import TokenBudgetMicroBatches, target_logprobs, token_logprobs
 
 
 def test_chunked_logprobs_and_entropy_equal_the_whole_computation() -> None:
@@ -54,6 +57,47 @@ def test_micro_batch_plans_cover_every_row_exactly_once_within_budget(
             assert len(plan) <= 3
         elif len(plan) > 1:  # a row longer than the budget may sit alone; groups stay within it
             assert len(plan) * max(lengths[i] for i in plan) <= budget
+
+
+def _plan_cost(plans: list[list[int]], lengths: list[int], pass_tokens: int) -> int:
+    return sum(pass_tokens + len(plan) * max(lengths[i] for i in plan) for plan in plans)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=9),
+    budget=st.integers(1, 200),
+    pass_tokens=st.integers(0, 100),
+)
+def test_the_token_budget_plan_is_the_cheapest_split_of_the_sorted_rows(
+    lengths: list[int], budget: int, pass_tokens: int
+) -> None:
+    """Padded tokens plus ``pass_tokens`` a forward pass: no split of the rows, sorted longest first, into runs
+    within the budget costs less (every split tried)."""
+    plans = TokenBudgetMicroBatches(budget, pass_tokens).plan(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best = None
+    for cuts in itertools.product((False, True), repeat=len(order) - 1):
+        runs, start = [], 0
+        for k, cut in enumerate(cuts, 1):
+            if cut:
+                runs.append(order[start:k])
+                start = k
+        runs.append(order[start:])
+        if all(len(run) == 1 or len(run) * lengths[run[0]] <= budget for run in runs):
+            cost = _plan_cost(runs, lengths, pass_tokens)
+            best = cost if best is None else min(best, cost)
+    assert _plan_cost(plans, lengths, pass_tokens) == best
+
+
+def test_trajectory_rows_of_one_and_eight_turns_train_in_separate_passes() -> None:
+    """The case that made the split pay (docs/benchmarks.md, issue 52): 4 long rows and 28 short ones fit one
+    8,192-token pass, which would pad each short row eightfold; two passes compute 1,320 tokens, not 5,632."""
+    lengths = [176] * 4 + [22] * 28
+    plans = TokenBudgetMicroBatches(8192, pass_tokens=256).plan(lengths)
+    assert sorted(map(sorted, plans)) == [list(range(4)), list(range(4, 32))]
+    assert TokenBudgetMicroBatches(8192, pass_tokens=8192).plan(lengths) == [
+        sorted(range(32), key=lambda i: -lengths[i])
+    ]
 
 
 def test_the_policy_forward_runs_the_head_only_where_replies_are_predicted(model_dir, tokenizer) -> None:

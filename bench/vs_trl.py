@@ -1,11 +1,14 @@
 """roll_lightning beside TRL's GRPOTrainer: the same model, env, boards and wall-clock budget (issue 36).
 
-Three variants, run one after the other (each alone on the machine), in rounds, so the machine's drift hits all
-of them alike:
+Three variants by default and a fourth on request (``--variants``), run one after the other (each alone on the
+machine), in rounds, so the machine's drift hits all of them alike:
 - ``ours``: ``fit --config configs/frozenlake_learn.yaml`` as shipped (GRPO on step rows: each turn sees only
   the current board);
 - ``ours-trajectory``: the same with ``layout: trajectory`` (each turn sees the episode so far), the form TRL
   trains in: the like-for-like comparison;
+- ``ours-lockstep``: trajectory rows played in lock step (``data.rollout.mode: lockstep``: every live episode
+  takes its turn in one batched call), as the TRL side plays; not the default, because async wins once env steps
+  have latency (docs/benchmarks.md, "Rollout");
 - ``trl``: `bench/trl_frozenlake.py`, TRL's `GRPOTrainer` with a ``rollout_func`` that plays our FrozenLake
   server (its docstring lists every setting and what could not be matched).
 
@@ -45,7 +48,7 @@ if str(REPO) not in sys.path:
 
 from bench.support.results import Run  # noqa: E402
 
-VARIANTS = ("ours", "ours-trajectory", "trl")
+VARIANTS = ("ours", "ours-trajectory", "ours-lockstep", "trl")
 GAIN = 0.30  # the held-out gain whose first time is reported
 
 
@@ -89,7 +92,8 @@ def command(variant: str, setup: Setup, minutes: float, out: Path) -> list[str]:
         sys.executable, "-m", "roll_lightning", "fit", "--config", str(REPO / setup.config),
         "--model.rollout_steps", "1000000", "--trainer.max_time", budget, *evaluation,
         "--trainer.default_root_dir", str(out), "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(out),
-        *(trajectory if variant == "ours-trajectory" else []),
+        *(trajectory if variant in ("ours-trajectory", "ours-lockstep") else []),
+        *(["--data.rollout.mode", "lockstep"] if variant == "ours-lockstep" else []),
     ]  # fmt: skip
 
 
@@ -175,7 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    default = [v for v in VARIANTS if v != "ours-lockstep"]
+    parser.add_argument("--variants", nargs="+", default=default, choices=VARIANTS)
     parser.add_argument("--model", default="tiny", choices=sorted(SETUPS), help="whose recipe (`SETUPS`)")
     parser.add_argument("--out", type=Path, default=None, help="the run folder (default bench/results/vs_trl-<time>)")
     args = parser.parse_args()

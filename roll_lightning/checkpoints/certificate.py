@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from roll_lightning.checkpoints import integrity
 from roll_lightning.checkpoints.fingerprint import json_digest
 
 CERTIFICATE = "run.json"
@@ -190,18 +191,8 @@ class Certificate:
         return cls.from_dict(data, f"run certificate {path}")
 
     def write(self, path: Path) -> None:
-        """Write atomically: a hidden temporary, synced, renamed over ``path`` (a kill leaves the old one whole)."""
-        temporary = path.with_name(f".{path.name}.tmp")
-        try:
-            with temporary.open("w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        """Write atomically and durably (`integrity.write_text`)."""
+        integrity.write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
 def _key(result: HeldOut) -> tuple[int, str | None, str]:

@@ -106,6 +106,22 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
     return stamp
 
 
+def write_text(path: Path, text: str) -> None:
+    """``text`` at ``path`` atomically and durably: a hidden temporary, synced, renamed over ``path`` (a kill leaves
+    the old file whole), then the folder synced."""
+    temporary = temporary_path(path)
+    try:
+        with temporary.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
 def _fsync_directory(directory: Path) -> None:
     """Make the rename durable across a power cut."""
     fd = os.open(directory, os.O_RDONLY)

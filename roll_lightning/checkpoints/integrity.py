@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +76,7 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
 
     torch writes by file name, not through a Python file object: a raising SIGTERM handler run inside torch's
     write callback had its ``SystemExit`` masked (1 run in 4 exited 1, not 143). So the digest is read back."""
-    temporary = temporary_path(path)
-    try:
+    with _replacing(path) as temporary:
         try:
             torch.save(checkpoint, str(temporary))
         except BaseException as err:
@@ -98,23 +99,24 @@ def write_checkpoint(checkpoint: dict[str, Any], path: Path) -> Stamp:
             file.write(len(comment).to_bytes(2, "little") + comment)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
     return stamp
 
 
 def write_text(path: Path, text: str) -> None:
-    """``text`` at ``path`` atomically and durably: a hidden temporary, synced, renamed over ``path`` (a kill leaves
-    the old file whole), then the folder synced."""
+    """``text`` at ``path`` atomically and durably (`_replacing`)."""
+    with _replacing(path) as temporary, temporary.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A hidden temporary to write ``path``'s new content to (synced by the writer): renamed over ``path`` when the
+    block succeeds, then the folder synced; removed when it fails, so ``path`` is never half written."""
     temporary = temporary_path(path)
     try:
-        with temporary.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -144,6 +144,7 @@ def main() -> None:
         "--variant", action="append", default=[], metavar='NAME="SETTINGS"',
         help='a variant beside the recipe as written ("recipe"), e.g. lr2.5e-4="--model.optim.lr 2.5e-4"',
     )  # fmt: skip
+    ap.add_argument("--no-recipe", action="store_true", help="only the --variant runs, not the recipe as written")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--from-summary", type=Path, default=None, help="print the report of an earlier summary.json")
     ap.add_argument("extra", nargs="*", help="fit arguments for every run, after --")
@@ -153,7 +154,9 @@ def main() -> None:
         print("\n".join(report(summary["results"])))
         return
     args.config = args.config.resolve()
-    variants = {"recipe": []} | {n: shlex.split(s) for n, _, s in (v.partition("=") for v in args.variant)}
+    variants = ({} if args.no_recipe else {"recipe": []}) | {
+        n: shlex.split(s) for n, _, s in (v.partition("=") for v in args.variant)
+    }
     bench_run = Run("seeds")
     out = bench_run.directory(args.out)
     results = run_all(args, variants, out)

@@ -50,6 +50,7 @@ def gigpo_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
     episode_cross_steps: bool = False,
+    same_turn: bool = False,
 ) -> Tensor:
     """GiGPO (Feng et al. 2025, Eqs. 3-8) for step rows, ``[B]``:
 
@@ -58,6 +59,7 @@ def gigpo_advantages(
         A      = A_E + step_weight * A_S
 
     ``F`` is ``std + eps`` or 1; degenerate groups give 0. ``episode_cross_steps``: A_E per row (verl-agent).
+    ``same_turn``: the state ``s`` is the anchor and the step index together (time left is part of the state).
     """
     a_episode = grpo_advantages(
         episode_scores,
@@ -67,7 +69,7 @@ def gigpo_advantages(
         traj_ids=None if episode_cross_steps else traj_ids,
     )
     returns = discounted_step_returns(step_rewards, traj_ids, step_index, gamma)
-    step_group, n = dense_index(group_ids, anchors)
+    step_group, n = dense_index(group_ids, anchors, *([step_index] if same_turn else []))
     a_step = group_normalize(returns, step_group, n, norm_by_std=norm_by_std, eps=eps)
     return a_episode + step_weight * a_step.to(a_episode.dtype)
 
@@ -83,10 +85,16 @@ class GiGPO(Estimator):
     gamma: float = 0.95
     step_weight: float = 1.0
     norm_by_std: bool = True
+    same_turn: bool = False
 
     @classmethod
     def from_settings(cls, settings: Any) -> GiGPO:
-        return cls(gamma=settings.gigpo_gamma, step_weight=settings.step_weight, norm_by_std=settings.norm_by_std)
+        return cls(
+            gamma=settings.gigpo_gamma,
+            step_weight=settings.step_weight,
+            norm_by_std=settings.norm_by_std,
+            same_turn=settings.gigpo_same_turn,
+        )
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, None]:
         if rows.anchors is None:
@@ -101,5 +109,6 @@ class GiGPO(Estimator):
             gamma=self.gamma,
             step_weight=self.step_weight,
             norm_by_std=self.norm_by_std,
+            same_turn=self.same_turn,
         )
         return advantages, None

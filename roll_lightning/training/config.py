@@ -92,6 +92,9 @@ class AlgorithmConfig:
         norm_by_std: grpo/gigpo: divide by the group's std (False = Dr.GRPO).
         gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's and vine's per-step discount.
         step_weight: gigpo: weight of the step-level term.
+        gigpo_same_turn: gigpo: a step group holds rows of one state *at one turn*. Under a turn limit the time
+            left is part of the state: without it, a state revisited late (a blocked move, an invalid reply) has a
+            higher return-to-go than its first visit only because fewer steps remain, and is rewarded for that.
         kl_coef: weight of a KL penalty to a frozen reference model in the loss (0 = no reference model).
         kl_kind: ``k1`` (or ``kl``) | ``k2`` (``mse``) | ``k3`` (``low_var_kl``: low variance, the usual one) | ``abs``.
         entropy_coef: entropy bonus weight.
@@ -125,6 +128,7 @@ class AlgorithmConfig:
     lam: float = 0.95
     gigpo_gamma: float = 0.95
     step_weight: float = 1.0
+    gigpo_same_turn: bool = False
     kl_coef: float = 0.0
     kl_kind: KLKind = "k3"
     entropy_coef: float = 0.0

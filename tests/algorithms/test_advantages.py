@@ -142,6 +142,30 @@ def test_gigpo_singleton_anchor_gives_episode_term_only() -> None:
     close(gigpo_advantages(**inputs), [e, e, -e])
 
 
+def test_gigpo_same_turn_does_not_reward_a_late_revisit() -> None:
+    # Two failing episodes of one group, equal scores (-0.4): traj 0 answers invalidly twice and stays on s0
+    # (rewards -0.2, -0.2); traj 1 moves s0 -> s1 (rewards -0.1, -0.3). Nothing separates them but the clock.
+    inputs = dict(
+        episode_scores=T([-0.4, -0.4, -0.4, -0.4]),
+        step_rewards=T([-0.2, -0.2, -0.1, -0.3]),
+        group_ids=T([0, 0, 0, 0]),
+        traj_ids=T([0, 0, 1, 1]),
+        step_index=T([0, 1, 0, 1]),
+        anchors=T([0, 0, 0, 1]),
+    )
+    # returns (gamma 1): traj 0: -0.4, -0.2; traj 1: -0.4, -0.3. By state alone s0 = {-0.4, -0.2, -0.4}, mean
+    # -1/3: the invalid reply at turn 1 gets +0.133 because fewer steps were left to pay for.
+    by_state = gigpo_advantages(**inputs, gamma=1.0, norm_by_std=False)
+    close(by_state, [-0.4 + 1 / 3, -0.2 + 1 / 3, -0.4 + 1 / 3, 0.0])
+    # By (state, turn): (s0, 0) = {-0.4, -0.4}, (s0, 1) and (s1, 1) singletons -> no signal, as the outcomes say.
+    close(gigpo_advantages(**inputs, gamma=1.0, norm_by_std=False, same_turn=True), [0.0, 0.0, 0.0, 0.0])
+    # With std normalisation a difference of 0.2 in returns becomes a full-size advantage: -0.58, +1.15, -0.58
+    # (unbiased std 0.115), as large as a solved level's would be.
+    normed = gigpo_advantages(**inputs, gamma=1.0)
+    close(normed, [-1 / math.sqrt(3), 2 / math.sqrt(3), -1 / math.sqrt(3), 0.0], atol=1e-4)
+    close(gigpo_advantages(**inputs, gamma=1.0, same_turn=True), [0.0, 0.0, 0.0, 0.0])
+
+
 def test_gae_skips_the_observation_gap_between_turns() -> None:
     gamma, lam = 0.9, 0.8
     # row 0: [prompt, r1, r1, obs, obs, r2, r2, pad]; rewards on the last token of each reply

@@ -118,6 +118,8 @@ def test_each_name_is_chosen_once_into_an_object_that_declares_what_it_needs() -
     }  # fmt: skip
     gigpo = AlgorithmConfig(estimator="gigpo", gigpo_gamma=0.5, step_weight=2.0, norm_by_std=False)
     assert gigpo.advantage_estimator == GiGPO(gamma=0.5, step_weight=2.0, norm_by_std=False)
+    by_turn = AlgorithmConfig(estimator="gigpo", gigpo_same_turn=True).advantage_estimator
+    assert by_turn == GiGPO(same_turn=True) != GiGPO()
     assert AlgorithmConfig(estimator="ppo-gae", gamma=0.9, lam=0.8).advantage_estimator == PPOGAE(gamma=0.9, lam=0.8)
     assert AlgorithmConfig(estimator="vine", gigpo_gamma=0.5).advantage_estimator == Vine(gamma=0.5)
     assert AlgorithmConfig(estimator="ppo-gae").uses_critic and not AlgorithmConfig().uses_critic

@@ -136,6 +136,7 @@ def summarise(estimator: str, cmd: list[str], run_dir: Path, wall: float) -> dic
         "evals": evals,
         "train_success": series.get("rollout/success_rate", []),
         "train_invalid": series.get("rollout/invalid_action_rate", []),
+        "train_ppo_kl": series.get("train/ppo_kl", []),
     }
 
 

@@ -12,6 +12,7 @@ Run:  .venv/bin/python bench/seeds.py                         (the main command,
                                                                (the learning test's recipe over five seeds)
       .venv/bin/python bench/seeds.py --steps 400 --variant lr2.5e-4="--model.optim.lr 2.5e-4"   (a variant beside it)
       .venv/bin/python bench/seeds.py --from-summary bench/results/seeds-<utc>/summary.json      (report again)
+                                                               (run folders still beside it are re-read)
 Writes bench/results/seeds-<utc time>/{<variant>-seed<S>/..., <variant>-seed<S>.log, summary.json}.
 """
 
@@ -78,9 +79,31 @@ def run_all(args: argparse.Namespace, variants: dict[str, list[str]], out: Path)
     return results
 
 
+def refreshed(result: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A summary's result re-read from its run folder when that is still there (newer columns for older runs)."""
+    run_dir = folder / f"{result['variant']}-seed{result['seed']}"
+    if not run_dir.is_dir():
+        return result
+    fresh = summarise(result["variant"], result["command"].split(), run_dir, result["process_wall_s"])
+    return result | fresh | {"command": result["command"]}
+
+
 def gain_line(result: dict[str, Any]) -> str:
     evals = result["evals"]
     return f"held-out {evals[0]['success']:.1%} -> {evals[-1]['success']:.1%} at step {evals[-1]['step']}"
+
+
+BURST_RATE = 0.3  # a batch with more invalid replies than this, after the first phase, is part of a burst
+FAR_KL = 0.1  # an update whose train/ppo_kl exceeds this moved the policy far in one optimiser step
+
+
+def stability(result: dict[str, Any], after: int = 100) -> str:
+    """Bursts of invalid replies after step ``after`` (separate when 5+ steps apart: how many, batches in them)
+    and updates with ``train/ppo_kl > FAR_KL``: each burst seen so far began with such an update (docs)."""
+    steps = [s for s, rate in result.get("train_invalid", []) if s > after and rate > BURST_RATE]
+    bursts = sum(1 for i, s in enumerate(steps) if i == 0 or s - steps[i - 1] >= 5)
+    far = sum(1 for _, kl in result.get("train_ppo_kl", []) if kl > FAR_KL)
+    return f"{bursts} ({len(steps)}) / {far}" if "train_ppo_kl" in result else f"{bursts} ({len(steps)}) / -"
 
 
 def at_mark(evals: list[dict[str, Any]], key: str, mark: float) -> float | None:
@@ -129,6 +152,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
                     gains.append(value - r["evals"][0]["success"])
             if values:
                 lines.append(f"| {label} | {' | '.join(cells)} | {spread(values)} | {spread(gains)} |")
+        lines.append(f"| bursts (batches) / far updates | {' | '.join(stability(r) for r in runs)} | | |")
     return lines
 
 
@@ -151,7 +175,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_summary:
         summary = json.loads(args.from_summary.read_text())
-        print("\n".join(report(summary["results"])))
+        print("\n".join(report([refreshed(r, args.from_summary.parent) for r in summary["results"]])))
         return
     args.config = args.config.resolve()
     variants = ({} if args.no_recipe else {"recipe": []}) | {

@@ -109,6 +109,9 @@ class AlgorithmConfig:
             lengths go to separate passes where that saves more padding than this (0: the least padding).
         micro_batch_size: fixed: rows per forward pass.
         max_grad_norm: gradient clipping (0 = off).
+        max_update_kl: undo an update after which the policy's KL from the sampling policy (k3, nats per reply
+            token, over the whole batch) is above this: weights and optimiser state go back to before it, and
+            ``train/update_undone`` is 1. One more forward pass per update; null = off.
         recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True) or the engine's
             log-probs (False).
         temperature: the sampling temperature (linked from the rollout's); the trainer's logits are divided by it.
@@ -142,6 +145,7 @@ class AlgorithmConfig:
     micro_pass_tokens: int = 256
     micro_batch_size: int = 4
     max_grad_norm: float = 1.0
+    max_update_kl: float | None = None
     recompute_old_logprobs: bool = True
     temperature: float = 1.0
     gradient_checkpointing: bool = False
@@ -178,6 +182,7 @@ class AlgorithmConfig:
             "value_coef": (self.value_coef >= 0, ">= 0"),
             "value_clip": (self.value_clip >= 0, ">= 0"),
             "max_grad_norm": (self.max_grad_norm >= 0, ">= 0 (0 = no clipping)"),
+            "max_update_kl": (self.max_update_kl is None or self.max_update_kl > 0, "> 0, or null (off)"),
         }
         check("model.algorithm", self, rules, TrainingConfigError, _REASONS)
         if self.correction.applied and not self.recompute_old_logprobs:

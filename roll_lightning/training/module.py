@@ -32,6 +32,7 @@ from roll_lightning.training.estimate import estimate_advantages
 from roll_lightning.training.eval_report import EvalReport, FitRecord, episode_lines, gathered, held_out
 from roll_lightning.training.forward import MicroBatching, ValueModel, policy_forward, trim
 from roll_lightning.training.sharding import shard_fsdp2
+from roll_lightning.training.update_guard import Snapshot, update_kl
 from roll_lightning.training.weights import policy_update
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,7 @@ class AgentRLModule(L.LightningModule):
                 old_from_forward=from_update,
             )
         out["train/update_skipped"] = 0.0
+        snapshot = Snapshot.take(self, _unwrapped(opt)) if algo.max_update_kl is not None else None
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.steps_done)
@@ -277,11 +279,26 @@ class AgentRLModule(L.LightningModule):
                 for k, v in step_metrics.items():
                     sums[k] += v
                 steps += 1
+        if snapshot is not None:
+            out.update(self._undo_if_far(snapshot, opt, batch, old_logp))
         self.lr_schedulers().step()
         out.update({k: v / steps for k, v in sums.items()})
         out["train/lr"] = opt.param_groups[0]["lr"]
         self._check_gap(out.get("train/logprob_gap"))
         return out
+
+    def _undo_if_far(
+        self, snapshot: Snapshot, opt: Any, batch: RolloutBatch, old_logp: torch.Tensor
+    ) -> dict[str, float]:
+        """``max_update_kl``: the policy's KL from the sampling policy after this update, over the whole batch (all
+        ranks); above the bound the update is undone, weights and optimiser state alike (`update_guard`)."""
+        total, count = update_kl(old_logp, self._no_grad_logprobs(self.actor, batch), batch.response_mask)
+        total, count = self._world_sum(total), self._world_sum(count)
+        kl = total / max(count, 1.0)
+        undone = kl > self.algorithm.max_update_kl
+        if undone:
+            snapshot.restore(self, _unwrapped(opt))
+        return {"train/update_kl": kl, "train/update_undone": float(undone)}
 
     def _check_gap(self, gap: float | torch.Tensor | None) -> None:
         """Warn once per fit when the engine's log-probs are far from the trainer's."""
@@ -307,6 +324,13 @@ class AgentRLModule(L.LightningModule):
     def _on_every_rank(self, flag: bool) -> bool:
         """``flag`` on all ranks (they must branch alike around collectives)."""
         return self._world_reduce(int(flag), torch.distributed.ReduceOp.MIN) == 1
+
+    def _world_sum(self, value: float) -> float:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor)
+        return float(tensor.item())
 
     def _world_max(self, value: int) -> int:
         return self._world_reduce(value, torch.distributed.ReduceOp.MAX)
@@ -558,3 +582,8 @@ def _silent_rows(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
 
 def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
     return x[:, None].expand_as(batch.behaviour_logprobs) if x.dim() == 1 else x
+
+
+def _unwrapped(opt: Any) -> torch.optim.Optimizer:
+    """The torch optimiser under Lightning's wrapper."""
+    return getattr(opt, "optimizer", opt)

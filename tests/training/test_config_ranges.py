@@ -38,6 +38,7 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (AlgorithmConfig, {"value_clip": -0.2}, TrainingConfigError, "model.algorithm.value_clip must be >= 0"),
     (AlgorithmConfig, {"step_weight": -1.0}, TrainingConfigError, "model.algorithm.step_weight must be >= 0"),
     (AlgorithmConfig, {"max_grad_norm": -1.0}, TrainingConfigError, "model.algorithm.max_grad_norm must be >= 0"),
+    (AlgorithmConfig, {"max_update_kl": 0.0}, TrainingConfigError, "model.algorithm.max_update_kl must be > 0"),
     (AlgorithmConfig, {"ppo_epochs": 0}, TrainingConfigError, "model.algorithm.ppo_epochs must be >= 1, got 0"),
     (AlgorithmConfig, {"dual_clip": 0.5}, TrainingConfigError, "model.algorithm.dual_clip must be > 1, or null"),
     (

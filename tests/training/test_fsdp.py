@@ -115,6 +115,26 @@ def test_ranks_with_different_row_counts_take_the_same_steps(
     assert any(not torch.equal(t, original[k]) for k, t in torch.load(out).items()), "the update moved weights"
 
 
+def test_an_update_too_far_is_undone_on_every_rank(model_dir: Path, tmp_path: Path) -> None:
+    """`max_update_kl` under FSDP2: the KL is summed over both ranks' tokens, both ranks undo alike (a rank that
+    did not would hang the next collective), and the gathered weights are the original ones, bit for bit."""
+    out = tmp_path / "fsdp.pt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    algorithm = {"estimator": "grpo", "max_update_kl": 1e-12, "mini_batches": 2}
+    done = subprocess.run(
+        [sys.executable, "-m", "roll_lightning.checks.fsdp_worker", str(model_dir), str(out), json.dumps(algorithm)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,  # a hang guard
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    original = AgentRLModule._load(model_dir).state_dict()
+    for name, tensor in torch.load(out).items():
+        assert torch.equal(tensor, original[name]), name
+
+
 def test_an_update_resumed_on_three_ranks_from_two_equals_one_process_resumed_from_the_same_checkpoint(
     model_dir: Path, tmp_path: Path
 ) -> None:

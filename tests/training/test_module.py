@@ -241,3 +241,36 @@ def test_a_sampler_far_from_the_trainer_is_reported_once(model_dir: Path, tokeni
     gap = float(trainer.callback_metrics["train/logprob_gap"])
     assert abs(gap - 0.5) < 0.1 and gap > LOGPROB_GAP_WARNING
     assert sum("logprob_gap" in str(w.message) for w in caught) == 1
+
+
+def test_an_update_that_moves_the_policy_too_far_is_undone(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """`max_update_kl`: the KL logged is the policy's own after the update (k3 of the reply tokens against the
+    sampling log-probs); under a bound it passes the update is kept, over it the weights and AdamW's moments are
+    exactly as before the update, and the next update starts from there."""
+    from roll_lightning.training.forward import policy_forward
+
+    batch = handmade_batch(model_dir, tokenizer)
+    original = [p.detach().clone() for p in AgentRLModule._load(model_dir).parameters()]
+
+    def guarded(bound: float, rollout_steps: int, folder: str) -> tuple[AgentRLModule, dict[str, float]]:
+        algorithm = AlgorithmConfig(max_update_kl=bound, recompute_old_logprobs=False)
+        module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-3))
+        trainer = fit(module, batch, tmp_path / folder, rollout_steps=rollout_steps)
+        return module, {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    kept, logged = guarded(1e9, 1, "kept")
+    assert logged["train/update_undone"] == 0.0
+    assert any(not torch.equal(p, q) for p, q in zip(kept.actor.parameters(), original, strict=True))
+    with torch.no_grad():
+        new_logp, _ = policy_forward(kept.actor, batch, 1.0)
+    mask = batch.response_mask.bool()
+    log_r = (new_logp - batch.behaviour_logprobs)[mask]
+    assert logged["train/update_kl"] == pytest.approx(float((log_r.exp() - 1 - log_r).mean()), rel=1e-4)
+    assert logged["train/update_kl"] > 1e-6
+
+    undone, logged = guarded(logged["train/update_kl"] / 2, 2, "undone")  # every update goes as far as that one
+    assert logged["train/update_undone"] == 1.0 and logged["train/update_kl"] > 0
+    assert undone.steps_done == 2
+    for p, q in zip(undone.actor.parameters(), original, strict=True):
+        assert torch.equal(p, q)
+    assert not undone.trainer.optimizers[0].state  # no AdamW moments kept from either update

@@ -84,8 +84,7 @@ def refreshed(result: dict[str, Any], folder: Path) -> dict[str, Any]:
     run_dir = folder / f"{result['variant']}-seed{result['seed']}"
     if not run_dir.is_dir():
         return result
-    fresh = summarise(result["variant"], result["command"].split(), run_dir, result["process_wall_s"])
-    return result | fresh | {"command": result["command"]}
+    return result | summarise(result["variant"], result["command"].split(), run_dir, result["process_wall_s"])
 
 
 def gain_line(result: dict[str, Any]) -> str:
@@ -102,8 +101,8 @@ def stability(result: dict[str, Any], after: int = 100) -> str:
     and updates with ``train/ppo_kl > FAR_KL``: each burst seen so far began with such an update (docs)."""
     steps = [s for s, rate in result.get("train_invalid", []) if s > after and rate > BURST_RATE]
     bursts = sum(1 for i, s in enumerate(steps) if i == 0 or s - steps[i - 1] >= 5)
-    far = sum(1 for _, kl in result.get("train_ppo_kl", []) if kl > FAR_KL)
-    return f"{bursts} ({len(steps)}) / {far}" if "train_ppo_kl" in result else f"{bursts} ({len(steps)}) / -"
+    far = sum(1 for _, kl in result["train_ppo_kl"] if kl > FAR_KL) if "train_ppo_kl" in result else "-"
+    return f"{bursts} ({len(steps)}) / {far}"
 
 
 def at_mark(evals: list[dict[str, Any]], key: str, mark: float) -> float | None:

@@ -111,7 +111,8 @@ class AlgorithmConfig:
         max_grad_norm: gradient clipping (0 = off).
         max_update_kl: undo an update after which the policy's KL from the sampling policy (k3, nats per reply
             token, over the whole batch) is above this: weights and optimiser state go back to before it, and
-            ``train/update_undone`` is 1. One more forward pass per update; null = off.
+            ``train/update_undone`` is 1. Costs one more forward pass per update and a copy of the trainable
+            weights and the optimiser state (about three times the trainable weights with AdamW); null = off.
         recompute_old_logprobs: the PPO ratio's denominator from the trainer's forward (True) or the engine's
             log-probs (False).
         temperature: the sampling temperature (linked from the rollout's); the trainer's logits are divided by it.

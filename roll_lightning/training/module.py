@@ -292,8 +292,8 @@ class AgentRLModule(L.LightningModule):
     ) -> dict[str, float]:
         """``max_update_kl``: the policy's KL from the sampling policy after this update, over the whole batch (all
         ranks); above the bound the update is undone, weights and optimiser state alike (`update_guard`)."""
-        total, count = update_kl(old_logp, self._no_grad_logprobs(self.actor, batch), batch.response_mask)
-        total, count = self._world_sum(total), self._world_sum(count)
+        sums = update_kl(old_logp, self._no_grad_logprobs(self.actor, batch), batch.response_mask)
+        total, count = self._world_reduce(sums, torch.distributed.ReduceOp.SUM)
         kl = total / max(count, 1.0)
         undone = kl > self.algorithm.max_update_kl
         if undone:
@@ -323,24 +323,18 @@ class AgentRLModule(L.LightningModule):
 
     def _on_every_rank(self, flag: bool) -> bool:
         """``flag`` on all ranks (they must branch alike around collectives)."""
-        return self._world_reduce(int(flag), torch.distributed.ReduceOp.MIN) == 1
-
-    def _world_sum(self, value: float) -> float:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return value
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(tensor)
-        return float(tensor.item())
+        return self._world_reduce((int(flag),), torch.distributed.ReduceOp.MIN)[0] == 1
 
     def _world_max(self, value: int) -> int:
-        return self._world_reduce(value, torch.distributed.ReduceOp.MAX)
+        return int(self._world_reduce((value,), torch.distributed.ReduceOp.MAX)[0])
 
-    def _world_reduce(self, value: int, op: Any) -> int:
+    def _world_reduce(self, values: tuple[float, ...], op: Any) -> list[float]:
+        """``values`` reduced over all ranks in one collective (float64: counts stay exact)."""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return value
-        tensor = torch.tensor([value], device=self.device)
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(tensor, op=op)
-        return int(tensor.item())
+        return tensor.tolist()
 
     def _optimizer_step(self, opt: Any, batch: RolloutBatch, rows: list[int], inputs: UpdateInputs) -> dict[str, float]:
         algo = self.algorithm

@@ -33,7 +33,7 @@ def test_two_seeds_and_a_variant_run_to_a_report_that_reads_again(tmp_path: Path
         cells = " | ".join(f"{runs[variant, seed]['evals'][-1]['success']:.1%}" for seed in (0, 1))
         assert f"| end | {cells} |" in done.stdout, (variant, cells)
         assert f"**{variant}** (2 seeds: 0, 1;" in done.stdout
-    for row in ("| step 0 |", "| end |", "| bursts (batches) / far updates |"):
+    for row in ("| step 0 |", "| bursts (batches) / far updates |"):
         assert row in done.stdout, row
     again = subprocess.run(
         [*bench, "--from-summary", str(out / "summary.json")],

@@ -17,6 +17,7 @@ from roll_lightning.algorithms import (
     grpo_advantages,
     ids_to_index,
 )
+from roll_lightning.algorithms.ppo_gae import next_rows
 
 EPS = 1e-6
 T = torch.tensor
@@ -186,3 +187,30 @@ def test_gae_skips_the_observation_gap_between_turns() -> None:
     close(ret, (torch.tensor(expected) + values * mask).tolist())
     assert expected[0][6] == pytest.approx(2 - 0.8)  # last token: bootstrap 0
     assert expected[0][2] == pytest.approx(1.03 + 0.72 * expected[0][5])
+
+
+def test_gae_on_step_rows_chains_an_episodes_turns_like_one_trajectory_row() -> None:
+    """Step rows are one episode cut at its turns: each row's last reply token must bootstrap from the next turn's
+    first (not from 0, which would make the critic learn only the immediate reward)."""
+    gamma, lam = 0.9, 0.8
+    # one trajectory row: [prompt, r1, r1, obs, r2, obs, r3]; rewards at each turn's last reply token
+    traj_mask = T([[0, 1, 1, 0, 1, 0, 1]], dtype=torch.bool)
+    traj_rewards = T([[0.0, 0.0, 0.5, 0.0, -0.1, 0.0, 2.0]])
+    traj_values = T([[9.0, 0.3, 0.4, 9.0, 0.6, 9.0, 1.1]])
+    want, want_ret = gae_advantages(traj_rewards, traj_values, traj_mask, gamma=gamma, lam=lam)
+    # the same turns as three step rows [prompt, reply...], given out of order, beside another episode's row
+    mask = T([[0, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0], [0, 1, 0, 0]], dtype=torch.bool)
+    rewards = T([[0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, -0.1, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    values = T([[9.0, 9.0, 1.1, 9.0], [9.0, 0.3, 0.4, 9.0], [9.0, 9.0, 0.6, 9.0], [9.0, 0.2, 9.0, 9.0]])
+    links = next_rows(T([7, 7, 7, 8]), T([2, 0, 1, 0]))
+    assert links.tolist() == [-1, 2, 0, -1]
+    adv, ret = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam, next_row=links)
+    reply = traj_mask[0]
+    got = torch.cat([adv[1, 1:3], adv[2, 2:3], adv[0, 2:3]])
+    close(got, want[0, reply].tolist())
+    close(torch.cat([ret[1, 1:3], ret[2, 2:3], ret[0, 2:3]]), want_ret[0, reply].tolist())
+    close(adv[3], [0.0, 1.0 - 0.2, 0.0, 0.0])  # the other episode: alone, bootstrap 0
+    # by hand, turn 2 (reward -0.1, value 0.6) bootstraps from turn 3 (value 1.1, advantage 2 - 1.1 = 0.9)
+    assert adv[2, 2].item() == pytest.approx(-0.1 + 0.9 * 1.1 - 0.6 + 0.72 * 0.9)
+    with pytest.raises(ValueError, match="cycle"):
+        gae_advantages(rewards[:2], values[:2], mask[:2], gamma=gamma, lam=lam, next_row=T([1, 0]))

@@ -66,11 +66,18 @@ def gae_advantages(
 
 
 def next_rows(traj_ids: Tensor, step_index: Tensor) -> Tensor:
-    """For each row, the index of the row of the same trajectory one step later, or -1 (step rows of an episode
-    chain; a trajectory row, alone in its trajectory, has none)."""
-    keys = list(zip(traj_ids.tolist(), step_index.tolist(), strict=True))
-    where = {key: i for i, key in enumerate(keys)}
-    return torch.tensor([where.get((t, s + 1), -1) for t, s in keys], dtype=torch.long)
+    """For each row, the index of the row after it in time in the same trajectory, or -1 (step rows of an episode
+    chain; a trajectory row, alone in its trajectory, has none). The same order as GiGPO's
+    `discounted_step_returns`, and the same error for two rows of one trajectory at one step."""
+    traj, step = traj_ids.tolist(), step_index.tolist()
+    order = sorted(range(len(traj)), key=lambda i: (traj[i], step[i]))
+    out = [-1] * len(traj)
+    for i, following in zip(order, order[1:], strict=False):
+        if traj[following] == traj[i]:
+            if step[following] == step[i]:
+                raise ValueError(f"trajectory {traj[i]} has two rows with step {step[i]}")
+            out[i] = following
+    return torch.tensor(out, dtype=torch.long)
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,8 @@ def test_gae_on_step_rows_chains_an_episodes_turns_like_one_trajectory_row() -> 
     values = T([[9.0, 9.0, 1.1, 9.0], [9.0, 0.3, 0.4, 9.0], [9.0, 9.0, 0.6, 9.0], [9.0, 0.2, 9.0, 9.0]])
     links = next_rows(T([7, 7, 7, 8]), T([2, 0, 1, 0]))
     assert links.tolist() == [-1, 2, 0, -1]
+    with pytest.raises(ValueError, match="two rows with step 1"):
+        next_rows(T([7, 7]), T([1, 1]))
     adv, ret = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam, next_row=links)
     reply = traj_mask[0]
     got = torch.cat([adv[1, 1:3], adv[2, 2:3], adv[0, 2:3]])

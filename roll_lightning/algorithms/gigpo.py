@@ -13,7 +13,7 @@ from torch import Tensor
 
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
 from roll_lightning.algorithms.grouping import dense_index, group_normalize
-from roll_lightning.algorithms.grpo import grpo_advantages
+from roll_lightning.algorithms.grpo import Baseline, grpo_advantages
 
 
 @torch.no_grad()
@@ -51,6 +51,7 @@ def gigpo_advantages(
     eps: float = 1e-6,
     episode_cross_steps: bool = False,
     same_turn: bool = False,
+    episode_baseline: Baseline = "group",
 ) -> Tensor:
     """GiGPO (Feng et al. 2025, Eqs. 3-8) for step rows, ``[B]``:
 
@@ -60,6 +61,8 @@ def gigpo_advantages(
 
     ``F`` is ``std + eps`` or 1; degenerate groups give 0. ``episode_cross_steps``: A_E per row (verl-agent).
     ``same_turn``: the state ``s`` is the anchor and the step index together (time left is part of the state).
+    ``episode_baseline: batch``: A_E's mean and std over the whole batch, so flat groups keep a signal; A_S stays
+    within anchor groups.
     """
     a_episode = grpo_advantages(
         episode_scores,
@@ -67,6 +70,7 @@ def gigpo_advantages(
         norm_by_std=norm_by_std,
         eps=eps,
         traj_ids=None if episode_cross_steps else traj_ids,
+        baseline=episode_baseline,
     )
     returns = discounted_step_returns(step_rewards, traj_ids, step_index, gamma)
     step_group, n = dense_index(group_ids, anchors, *([step_index] if same_turn else []))
@@ -86,6 +90,7 @@ class GiGPO(Estimator):
     step_weight: float = 1.0
     norm_by_std: bool = True
     same_turn: bool = False
+    episode_baseline: Baseline = "group"
 
     @classmethod
     def from_settings(cls, settings: Any) -> GiGPO:
@@ -94,6 +99,7 @@ class GiGPO(Estimator):
             step_weight=settings.step_weight,
             norm_by_std=settings.norm_by_std,
             same_turn=settings.gigpo_same_turn,
+            episode_baseline=settings.episode_baseline,
         )
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, None]:
@@ -110,5 +116,6 @@ class GiGPO(Estimator):
             step_weight=self.step_weight,
             norm_by_std=self.norm_by_std,
             same_turn=self.same_turn,
+            episode_baseline=self.episode_baseline,
         )
         return advantages, None

@@ -7,6 +7,7 @@ from typing import Literal
 
 from roll_lightning.algorithms import ESTIMATORS, POLICY_LOSSES, Estimator, PolicyLoss
 from roll_lightning.algorithms.aggregation import AGGREGATIONS, AggMode
+from roll_lightning.algorithms.grpo import Baseline
 from roll_lightning.algorithms.losses import KL_ESTIMATORS, KLKind
 from roll_lightning.algorithms.objective import Objective
 from roll_lightning.settings import ConfigError, check, choice
@@ -90,6 +91,9 @@ class AlgorithmConfig:
         aggregation: how token losses become one number (ppo): ``token-mean`` | ``seq-mean-token-sum`` |
             ``seq-mean-token-mean`` | ``seq-mean-token-sum-norm``.
         norm_by_std: grpo/gigpo: divide by the group's std (False = Dr.GRPO).
+        episode_baseline: grpo/gigpo: the episode advantage's mean and std come from the episode's ``group`` (the
+            same task) or the whole ``batch`` (ROLL's ``grouping: batch``): then a group whose episodes all failed
+            is pushed away from what it did instead of getting no signal.
         gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's and vine's per-step discount.
         step_weight: gigpo: weight of the step-level term.
         gigpo_same_turn: gigpo: a step group holds rows of one state *at one turn*. Under a turn limit the time
@@ -128,6 +132,7 @@ class AlgorithmConfig:
     gspo_per_turn: bool = False
     aggregation: AggMode = "token-mean"
     norm_by_std: bool = True
+    episode_baseline: Baseline = "group"
     gamma: float = 1.0
     lam: float = 0.95
     gigpo_gamma: float = 0.95
@@ -158,6 +163,7 @@ class AlgorithmConfig:
             "estimator": choice(self, "estimator"),
             "loss": choice(self, "loss"),
             "aggregation": choice(self, "aggregation"),
+            "episode_baseline": choice(self, "episode_baseline"),
             "ppo_epochs": (self.ppo_epochs >= 1, ">= 1"),
             "mini_batches": (self.mini_batches >= 1, ">= 1"),
             "batch_adjust": choice(self, "batch_adjust"),

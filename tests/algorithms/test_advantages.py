@@ -73,6 +73,32 @@ def test_grpo_traj_dedup_counts_each_trajectory_once() -> None:
     close(grpo_advantages(T([3.0, 3.0, 3.0]), T([0, 0, 0]), traj_ids=T([4, 4, 4])), [0.0, 0.0, 0.0])
 
 
+def test_grpo_batch_baseline_gives_flat_groups_a_signal() -> None:
+    # group 0 all solved (10, 10), group 1 all failed (-1, -1): no signal within a group.
+    # Over the batch: mean 4.5, unbiased std sqrt(4 * 5.5^2 / 3) = 11 / sqrt(3).
+    scores, groups = T([10.0, 10.0, -1.0, -1.0]), T([0, 0, 1, 1])
+    close(grpo_advantages(scores, groups), [0.0, 0.0, 0.0, 0.0])
+    a = 5.5 / (11 / math.sqrt(3) + EPS)
+    close(grpo_advantages(scores, groups, baseline="batch"), [a, a, -a, -a])
+    close(grpo_advantages(scores, groups, baseline="batch", norm_by_std=False), [5.5, 5.5, -5.5, -5.5])
+    # step rows: each trajectory once. Trajs 0 (2 rows, 10) and 1 (1 row, -1): mean 4.5, std sqrt(2 * 5.5^2).
+    b = 5.5 / (5.5 * math.sqrt(2) + EPS)
+    out = grpo_advantages(T([10.0, 10.0, -1.0]), T([0, 0, 1]), traj_ids=T([0, 0, 1]), baseline="batch")
+    close(out, [b, b, -b])
+    with pytest.raises(ValueError, match="baseline='team'"):
+        grpo_advantages(scores, groups, baseline="team")  # type: ignore[arg-type]
+
+
+def test_gigpo_batch_episode_baseline_keeps_step_groups_within_their_group() -> None:
+    # the worked example's group plus a second group (traj 2, one row at anchor id 0, score 4): A_E is centred on
+    # the batch of trajectories [10, 0, 4] (mean 14/3), A_S still only within (group, anchor).
+    extra_row = [4.0, 4.0, 1, 2, 0, 0]  # score, step reward, group, traj, step, anchor
+    inputs = {k: torch.cat([v, T([x])]) for (k, v), x in zip(_worked_example().items(), extra_row, strict=True)}
+    out = gigpo_advantages(**inputs, gamma=0.5, norm_by_std=False, episode_baseline="batch")
+    m = 14 / 3
+    close(out, [10 - m + 10 / 3, 10 - m, -m - 5 / 3, -m - 5 / 3, -m, 4 - m])
+
+
 def test_discounted_step_returns_order_and_discount() -> None:
     # traj 0 steps 0, 1, 2 with rewards 1, 0, 2 (rows shuffled); traj 1 one step, reward -1; gamma 0.5
     # R_2 = 2, R_1 = 0 + 0.5 * 2 = 1, R_0 = 1 + 0.5 * 1 = 1.5

@@ -10,6 +10,7 @@ import pytest
 from roll_lightning.algorithms import (
     AGGREGATIONS,
     ESTIMATORS,
+    GRPO,
     GSPO,
     KL_ESTIMATORS,
     POLICY_LOSSES,
@@ -121,6 +122,9 @@ def test_each_name_is_chosen_once_into_an_object_that_declares_what_it_needs() -
     assert gigpo.advantage_estimator == GiGPO(gamma=0.5, step_weight=2.0, norm_by_std=False)
     by_turn = AlgorithmConfig(estimator="gigpo", gigpo_same_turn=True).advantage_estimator
     assert by_turn == GiGPO(same_turn=True) != GiGPO()
+    batch = AlgorithmConfig(estimator="gigpo", episode_baseline="batch").advantage_estimator
+    assert batch == GiGPO(episode_baseline="batch") != GiGPO()
+    assert AlgorithmConfig(episode_baseline="batch").advantage_estimator == GRPO(baseline="batch")
     assert AlgorithmConfig(estimator="ppo-gae", gamma=0.9, lam=0.8).advantage_estimator == PPOGAE(gamma=0.9, lam=0.8)
     assert AlgorithmConfig(estimator="vine", gigpo_gamma=0.5).advantage_estimator == Vine(gamma=0.5)
     assert AlgorithmConfig(estimator="ppo-gae").uses_critic and not AlgorithmConfig().uses_critic

@@ -41,9 +41,10 @@ def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) ->
     at step 400 moves by several points by itself: six seeds here gained +10.2 to +23.1 points at step 400, and a
     CI run +6.8 with a training curve like theirs. The mean of the four evaluations after step 0 is steadier:
     +10.0 to +16.2 over the six seeds (median +13.0; `bench/seeds.py`, docs/benchmarks.md) with 8 levels of 8
-    episodes per update, and +13.4 to +18.9 over six runs with 16 levels of 4, the shape now (128-256 held-out levels;
-    docs/benchmarks.md, "Sixteen levels of four"). Hence that mean, with a margin of +6: 4 points under the worst
-    seed of either shape, and about 4.5 standard errors of the 2,048 held-out episodes above no change. It also
+    episodes per update, +13.4 to +18.9 over six runs with 16 levels of 4, and +11.0 to +16.6 over six runs with 16
+    levels of 4 and the batch baseline, the recipe now (128-256 held-out levels; docs/benchmarks.md, "Sixteen levels
+    of four" and "A batch baseline"). Hence that mean, with a margin of +6: 5 points under the worst seed of the
+    recipe, and about 4.5 standard errors of the 2,048 held-out episodes above no change. It also
     holds through a burst of invalid replies (the main command's seed 1 read 0.0% at step 400 in
     docs/benchmarks.md, "The main command over five seeds": its four evaluations still averaged +8.1).
     Training success per batch is noisier still (seed 3 of an earlier set: 13.8% in the first 50 steps, 14.7% in

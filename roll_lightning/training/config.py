@@ -254,8 +254,9 @@ class OptimConfig:
         lr: peak learning rate (AdamW); critic_lr: the critic's (None = 10 x lr).
         weight_decay / betas / eps: AdamW.
         warmup_steps: linear warm-up, in rollout steps (batches), not optimiser steps.
-        schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio`` x lr at ``total_steps``).
-        total_steps: rollout steps of the run (for cosine; usually the trainer's max_steps).
+        schedule: ``constant`` or ``cosine`` (to ``min_lr_ratio`` x lr at the end).
+        total_steps: rollout steps the cosine spans; None: the run itself, to ``model.rollout_steps`` or
+            ``trainer.max_time``, whichever comes first, so a timed run decays alike on a fast and a slow machine.
     """
 
     lr: float = 1e-6
@@ -265,7 +266,7 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_steps: int = 0
     schedule: Literal["constant", "cosine"] = "constant"
-    total_steps: int = 1000
+    total_steps: int | None = None
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
@@ -277,20 +278,23 @@ class OptimConfig:
             "eps": (self.eps > 0, "> 0"),
             "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
             "schedule": choice(self, "schedule"),
-            "total_steps": (self.total_steps >= 1, ">= 1"),
+            "total_steps": (self.total_steps is None or self.total_steps >= 1, ">= 1, or null (the run's length)"),
             "min_lr_ratio": (0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
         }
         check("model.optim", self, rules, TrainingConfigError)
 
-    def factor(self, step: int) -> float:
-        """LR multiplier after ``step`` rollout steps."""
+    def factor(self, step: int, run_progress: float = 0.0) -> float:
+        """LR multiplier after ``step`` rollout steps; ``run_progress`` (0 to 1, how far through its run the fit
+        is) places the cosine when ``total_steps`` is None."""
         import math
 
         if self.warmup_steps and step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        if self.total_steps is not None:
+            run_progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, max(0.0, run_progress))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 

@@ -102,6 +102,7 @@ class AgentRLModule(L.LightningModule):
         self.handover: Handover | None = None  # the rollout's engine turns (`setup`); None without a rollout
         self.fit_record = FitRecord()
         self._gap_warned = False
+        self._time_fraction = 0.0  # of trainer.max_time, when the LR schedule spans the run
 
     # -- models --------------------------------------------------------------------------------------
 
@@ -143,8 +144,33 @@ class AgentRLModule(L.LightningModule):
         opt = torch.optim.AdamW(
             groups, betas=self.optim.betas, eps=self.optim.eps, weight_decay=self.optim.weight_decay
         )
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim.factor)
+        self._check_schedule_span()
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _check_schedule_span(self) -> None:
+        """A cosine without ``total_steps`` spans the run, which needs an end."""
+        if self.optim.schedule == "constant" or self.optim.total_steps is not None or self.rollout_steps_limit:
+            return
+        if self._trainer is None or run_time_fraction(self.trainer) is None:
+            raise TrainingConfigError(
+                "model.optim.schedule cosine spans model.optim.total_steps rollout steps, or the run when that is "
+                "null; this run has no end to span: set model.optim.total_steps, model.rollout_steps or "
+                "trainer.max_time"
+            )
+
+    def _lr_factor(self, step: int) -> float:
+        """The schedule's multiplier after ``step`` rollout steps; the run's progress is the larger of its steps'
+        and its time budget's fraction (the latter agreed by all ranks in `_step_schedule`)."""
+        by_steps = step / self.rollout_steps_limit if self.rollout_steps_limit else 0.0
+        return self.optim.factor(step, max(by_steps, self._time_fraction))
+
+    def _step_schedule(self) -> None:
+        """The learning rate for the next rollout step, the same on every rank."""
+        if self.optim.schedule != "constant" and self.optim.total_steps is None:
+            fraction = run_time_fraction(self.trainer) or 0.0
+            self._time_fraction = self._world_reduce((fraction,), torch.distributed.ReduceOp.MAX)[0]
+        self.lr_schedulers().step()
 
     # -- the step ------------------------------------------------------------------------------------
 
@@ -281,7 +307,7 @@ class AgentRLModule(L.LightningModule):
                 steps += 1
         if snapshot is not None:
             out.update(self._undo_if_far(snapshot, opt, batch, old_logp))
-        self.lr_schedulers().step()
+        self._step_schedule()
         out.update({k: v / steps for k, v in sums.items()})
         out["train/lr"] = opt.param_groups[0]["lr"]
         self._check_gap(out.get("train/logprob_gap"))
@@ -318,7 +344,7 @@ class AgentRLModule(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         for _ in range(self.algorithm.ppo_epochs * self.algorithm.mini_batches):
             opt.step()
-        self.lr_schedulers().step()
+        self._step_schedule()
         return {"train/update_skipped": 1.0, "train/lr": opt.param_groups[0]["lr"]}
 
     def _on_every_rank(self, flag: bool) -> bool:
@@ -576,6 +602,17 @@ def _silent_rows(advantages: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
 
 def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
     return x[:, None].expand_as(batch.behaviour_logprobs) if x.dim() == 1 else x
+
+
+def run_time_fraction(trainer: L.Trainer) -> float | None:
+    """How much of ``trainer.max_time`` the fit has used (resumes included), or None without one."""
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, Timer):
+            elapsed, left = callback.time_elapsed("train"), callback.time_remaining("train")
+            return None if left is None else min(1.0, elapsed / max(elapsed + left, 1e-9))
+    return None
 
 
 def _unwrapped(opt: Any) -> torch.optim.Optimizer:

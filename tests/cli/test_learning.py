@@ -32,30 +32,25 @@ def median(key: str, part: list[dict[str, str]]) -> float:
 
 
 def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
-    """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps (the 30-minute run does ~2,000-2,800)
-    with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512 held-out
-    levels instead of 128, at step 0 and every 100 steps.
+    """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps of 128 episodes (the 30-minute run does
+    ~950-1,100) with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512
+    held-out levels instead of 128, at step 0 and every 100 steps.
 
-    What 400 steps can show is the first phase of the benchmark curve: valid one-token moves and a move prior,
-    reached by step 100 and then held. The policy's move prior wanders from update to update, so one evaluation
-    at step 400 moves by several points by itself: six seeds here gained +10.2 to +23.1 points at step 400, and a
-    CI run +6.8 with a training curve like theirs. The mean of the four evaluations after step 0 is steadier:
-    +10.0 to +16.2 over the six seeds (median +13.0; `bench/seeds.py`, docs/benchmarks.md) with 8 levels of 8
-    episodes per update, +13.4 to +18.9 over six runs with 16 levels of 4, and +11.0 to +16.6 over six runs with 16
-    levels of 4 and the batch baseline, the recipe now (128-256 held-out levels; docs/benchmarks.md, "Sixteen levels
-    of four" and "A batch baseline"). Hence that mean, with a margin of +6: 5 points under the worst seed of the
-    recipe, and about 4.5 standard errors of the 2,048 held-out episodes above no change. It also
-    holds through a burst of invalid replies (the main command's seed 1 read 0.0% at step 400 in
-    docs/benchmarks.md, "The main command over five seeds": its four evaluations still averaged +8.1).
-    Training success per batch is noisier still (seed 3 of an earlier set: 13.8% in the first 50 steps, 14.7% in
-    the last 50, while its held-out gain was +12.9), so it only may not fall. Reading the board comes later (+25
-    points at step 1,000 in docs/benchmarks.md), beyond a CI budget; the FrozenLake test below covers a policy
-    that reads its board."""
+    The policy's move prior wanders from update to update, so one evaluation moves by several points by itself
+    (128 levels at temperature 1: about +-4; the same weights read 3.1% and 8.6% at step 0 in two runs), and the
+    mean of the four evaluations after step 0 is the steadier measure. Over the five 30-minute seeds of the recipe
+    (docs/benchmarks.md, "Thirty-two levels of four"; 128 held-out levels) it rose by +17.2 to +26.2 points
+    (median +19.5); with the recipes before, 64 episodes a step, the same 400 steps gave +10.0 to +18.9. Hence a
+    margin of +10: 7 points under the worst seed, and about 7.5 standard errors of the 2,048 held-out episodes above
+    no change. It holds through a burst of invalid replies too (an earlier recipe's seed 1 read 0.0% at step 400
+    in docs/benchmarks.md, "The main command over five seeds", and its four evaluations still averaged +8.1 with
+    half the rollouts). Training success per batch is noisier still, so it only may not fall. The FrozenLake test
+    below covers a policy that reads its board in a CI budget."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
     recipe = learning_recipes["test_the_main_command_learns_sokoban"]
     evals, train, stdout = recipe.result()
     before, after = evals[0][1], evals[-1][1]
-    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.06, recipe.diagnosis()
+    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.10, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first), recipe.diagnosis()

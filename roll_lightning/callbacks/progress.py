@@ -18,7 +18,7 @@ from typing import IO, Any
 import lightning as L
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 
-from roll_lightning.training.module import AgentRLModule
+from roll_lightning.training.module import AgentRLModule, max_time_timer
 
 
 class RunProgress(ProgressBar):
@@ -193,12 +193,8 @@ def _rank_zero() -> bool:
 
 def _seconds_left(trainer: L.Trainer) -> float | None:
     """What ``trainer.max_time`` leaves, or None without one."""
-    from lightning.pytorch.callbacks import Timer
-
-    for callback in trainer.callbacks:
-        if isinstance(callback, Timer):
-            return callback.time_remaining("train")
-    return None
+    timer = max_time_timer(trainer)
+    return None if timer is None else timer.time_remaining("train")
 
 
 def _eta(elapsed: float, done_here: int, left: int | None, time_left: float | None) -> float | None:

@@ -604,15 +604,20 @@ def _tokens(x: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
     return x[:, None].expand_as(batch.behaviour_logprobs) if x.dim() == 1 else x
 
 
-def run_time_fraction(trainer: L.Trainer) -> float | None:
-    """How much of ``trainer.max_time`` the fit has used (resumes included), or None without one."""
+def max_time_timer(trainer: L.Trainer) -> Any:
+    """The `Timer` callback that enforces ``trainer.max_time``, or None without one."""
     from lightning.pytorch.callbacks import Timer
 
-    for callback in trainer.callbacks:
-        if isinstance(callback, Timer):
-            elapsed, left = callback.time_elapsed("train"), callback.time_remaining("train")
-            return None if left is None else min(1.0, elapsed / max(elapsed + left, 1e-9))
-    return None
+    return next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+
+
+def run_time_fraction(trainer: L.Trainer) -> float | None:
+    """How much of ``trainer.max_time`` the fit has used (resumes included), or None without one."""
+    timer = max_time_timer(trainer)
+    if timer is None or (left := timer.time_remaining("train")) is None:
+        return None
+    elapsed = timer.time_elapsed("train")
+    return min(1.0, elapsed / max(elapsed + left, 1e-9))
 
 
 def _unwrapped(opt: Any) -> torch.optim.Optimizer:

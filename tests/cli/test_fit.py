@@ -8,14 +8,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from support.cli import (
     ROOT,
-    SLOW_ENV,
     SPARSE_CHECKPOINTS,
     TINY,
     check_last_holds_the_last_step,
@@ -26,8 +24,10 @@ from support.cli import (
     jsonl,
     logged_metrics,
     run_cli,
+    slow_env,
     start_cli,
     wait_for_file,
+    wait_inside_the_second_rollout,
 )
 
 OVERLAYS = {"gpu.yaml", "cpu_two_ranks.yaml"}  # added after an env config, never used alone
@@ -327,13 +327,12 @@ def test_validate_plays_held_out_episodes_only(tmp_path: Path) -> None:
 def test_sigterm_abandons_the_rollout_in_flight_and_resume_plays_its_groups(tmp_path: Path) -> None:
     """SIGTERM while a slow rollout is in flight: the run stops without finishing it (exit 143, env server
     stopped), the checkpoint is the last completed step, and the resumed run plays the abandoned groups."""
-    run = tmp_path / "run"
-    args = ["fit", *RESUME_ARGS, *SLOW_ENV, "--trainer.default_root_dir", str(run)]
+    run, marks = tmp_path / "run", tmp_path / "env_steps"
+    args = ["fit", *RESUME_ARGS, *slow_env(marks), "--trainer.default_root_dir", str(run)]
     proc = start_cli(*args, cwd=tmp_path)
     try:
-        wait_for_file(run, "step_000001.jsonl", proc)  # step 1 is trained and step 2's rollout runs
+        assert wait_inside_the_second_rollout(run, marks, proc), "the run ended before its second rollout"
         servers = children(proc.pid)
-        time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
     finally:
@@ -347,12 +346,11 @@ def test_sigterm_abandons_the_rollout_in_flight_and_resume_plays_its_groups(tmp_
 def test_sigterm_checkpoints_the_last_finished_step_though_no_checkpoint_is_due(tmp_path: Path) -> None:
     """A config's checkpoint due every 100 steps: SIGTERM during step 2's rollout writes step 1 at the stop (the
     summary names it), and the resumed run plays the abandoned groups, none twice and none skipped."""
-    run = tmp_path / "run"
-    args = ["fit", *RESUME_ARGS, *SLOW_ENV, *SPARSE_CHECKPOINTS, "--trainer.default_root_dir", str(run)]
+    run, marks = tmp_path / "run", tmp_path / "env_steps"
+    args = ["fit", *RESUME_ARGS, *slow_env(marks), *SPARSE_CHECKPOINTS, "--trainer.default_root_dir", str(run)]
     proc = start_cli(*args, cwd=tmp_path, capture_stdout=True)
     try:
-        wait_for_file(run, "step_000001.jsonl", proc)  # step 1 is trained and step 2's rollout runs
-        time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
+        assert wait_inside_the_second_rollout(run, marks, proc), "the run ended before its second rollout"
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=300)
     finally:

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import SLOW_ENV, TINY, check_stopped_mid_rollout_then_resume, children, start_cli, wait_for_file
+from support.cli import (
+    SLOW_ENV,
+    TINY,
+    check_stopped_mid_rollout_then_resume,
+    children,
+    slow_env,
+    start_cli,
+    wait_inside_the_second_rollout,
+)
 
 from roll_lightning.__main__ import entry
 from roll_lightning.exits import sigint_as_sigterm
@@ -33,13 +41,12 @@ ARGS = [
 def test_ctrl_c_abandons_the_rollout_exits_130_and_resume_plays_its_groups(tmp_path: Path) -> None:
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (the local env server gets it too),
     while a slow rollout is in flight."""
-    run = tmp_path / "run"
-    args = ["fit", *ARGS, "--trainer.default_root_dir", str(run)]
+    run, marks = tmp_path / "run", tmp_path / "env_steps"
+    args = ["fit", *ARGS, *slow_env(marks), "--trainer.default_root_dir", str(run)]
     proc = start_cli(*args, cwd=tmp_path, own_session=True, capture_stdout=True)
     try:
-        assert wait_for_file(run, "step_000001.jsonl", proc), "the run ended before its first step"
+        assert wait_inside_the_second_rollout(run, marks, proc), "the run ended before its second rollout"
         servers = children(proc.pid)
-        time.sleep(0.3)  # well inside the next rollout: each of its turns waits 0.5 s on the env
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=300)
     finally:

@@ -8,7 +8,8 @@
   `logged_metrics`: every metric that run logged, its last value.
 - `build_cli`: the CLI's objects in this process, not run (what the parser and its links made);
 - `wait_for_file`: wait (a hang guard, not a timing) until a run wrote a file or exited.
-- `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted).
+- `SLOW_ENV`: arguments that make each env step take 0.5 s (a rollout long enough to be interrupted);
+  `slow_env(marks)` the same, each env step leaving a file in ``marks``, and `wait_inside_the_second_rollout`.
 - `dumped_groups`: the groups each step trained on, from `TrajectoryDump`'s files (resume checks);
   `check_stopped_mid_rollout_then_resume`: the resume check after a signal stopped step 2's rollout.
 - `SPARSE_CHECKPOINTS`: a `StepCheckpoint` due every 100 steps; `run_summary`: the end-of-run block;
@@ -114,6 +115,28 @@ def start_cli(*args: str, cwd: Path, own_session: bool = False, capture_stdout: 
         text=True,
         start_new_session=own_session,
     )
+
+
+def slow_env(marks: Path) -> list[str]:
+    """`SLOW_ENV` whose env steps each leave a file in ``marks`` as they start (`wait_inside_the_second_rollout`)."""
+    config = {"max_steps": 2, "delay_s": 0.5, "mark_dir": str(marks)}
+    return [*SLOW_ENV[:-1], json.dumps(config)]
+
+
+def wait_inside_the_second_rollout(run: Path, marks: Path, proc: subprocess.Popen[str]) -> bool:
+    """Until step 1 is trained (its trajectory file is written) and an env step of the next rollout has started
+    (a new file in ``marks``, `slow_env`): a signal now lands inside that rollout, however loaded the machine.
+    False if ``proc`` exited first."""
+    if not wait_for_file(run, "step_000001.jsonl", proc):
+        return False
+    seen = set(marks.iterdir()) if marks.is_dir() else set()
+    for _ in range(30_000):  # a hang guard, not a timing: pytest-timeout bounds the test
+        if marks.is_dir() and set(marks.iterdir()) - seen:
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.02)
+    return False
 
 
 def wait_for_file(root: Path, pattern: str, proc: subprocess.Popen[str]) -> bool:

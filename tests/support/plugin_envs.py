@@ -1,17 +1,20 @@
 """Envs that exist to misbehave, for fault tests. Registered on import (`serve --import support.plugin_envs`).
 
 - ``crashy``: a step whose action contains "crash" raises inside the env (the item must fail INTERNAL).
-- ``slow``: each step sleeps ``delay_s`` seconds and counts how often it really ran (for deadline/replay tests).
+- ``slow``: each step sleeps ``delay_s`` seconds and counts how often it really ran (for deadline/replay tests);
+  with ``mark_dir`` each step leaves a file there as it starts (a test can tell a rollout is in flight).
 - ``dice``: declares ``deterministic: false`` and ignores its seed (as OpenEnv's chess does).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from env_servers import EnvSpec, register
@@ -23,6 +26,7 @@ _GAUGE_LOCK = threading.Lock()
 class CounterConfig:
     max_steps: int = 5
     delay_s: float = 0.0
+    mark_dir: str = ""
 
 
 class _CounterEnv:
@@ -60,6 +64,9 @@ class _CounterEnv:
             _CounterEnv.in_step += 1
             _CounterEnv.max_in_step = max(_CounterEnv.max_in_step, _CounterEnv.in_step)
         try:
+            if self.config.mark_dir:
+                Path(self.config.mark_dir).mkdir(parents=True, exist_ok=True)
+                Path(self.config.mark_dir, f"{os.getpid()}-{id(self)}-{time.monotonic_ns()}").touch()
             if self.config.delay_s:
                 time.sleep(self.config.delay_s)
         finally:

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from support.cli import (
-    SLOW_ENV,
     TINY,
     check_stopped_mid_rollout_then_resume,
     children,
@@ -32,7 +31,7 @@ from roll_lightning.exits import sigint_as_sigterm
 
 STEPS = 4
 ARGS = [
-    "--config", TINY, "--model.rollout_steps", str(STEPS), "--trainer.logger", "false", *SLOW_ENV,
+    "--config", TINY, "--model.rollout_steps", str(STEPS), "--trainer.logger", "false",
     "--trainer.callbacks+=roll_lightning.callbacks.TrajectoryDump", "--trainer.callbacks.every_n_steps", "1",
     "--trainer.callbacks.max_episodes", "0",
 ]  # fmt: skip

@@ -39,9 +39,10 @@ TWO_RANKS = [  # two FSDP2 ranks on the CPU (gloo), as a user would ask for them
     "--trainer.strategy.process_group_backend", "gloo",
 ]  # fmt: skip
 
+_SLOW = {"max_steps": 2, "delay_s": 0.5}
 SLOW_ENV = [
     "--data.envs.local_args", '["--import", "support.plugin_envs"]', "--data.rollout.env_id", "slow",
-    "--data.rollout.env_config", '{"max_steps": 2, "delay_s": 0.5}',
+    "--data.rollout.env_config", json.dumps(_SLOW),
 ]  # fmt: skip
 
 
@@ -119,8 +120,7 @@ def start_cli(*args: str, cwd: Path, own_session: bool = False, capture_stdout: 
 
 def slow_env(marks: Path) -> list[str]:
     """`SLOW_ENV` whose env steps each leave a file in ``marks`` as they start (`wait_inside_the_second_rollout`)."""
-    config = {"max_steps": 2, "delay_s": 0.5, "mark_dir": str(marks)}
-    return [*SLOW_ENV[:-1], json.dumps(config)]
+    return [*SLOW_ENV[:-1], json.dumps({**_SLOW, "mark_dir": str(marks)})]
 
 
 def wait_inside_the_second_rollout(run: Path, marks: Path, proc: subprocess.Popen[str]) -> bool:

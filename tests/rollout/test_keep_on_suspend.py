@@ -105,7 +105,9 @@ async def test_a_kept_reply_is_the_old_weights_tokens_then_what_the_new_weights_
     """The real engine on the tiny model, greedy, stopped inside a generation a few tokens in; new weights are
     loaded; the reply is token for token the old weights' greedy tokens up to the stop, then the new weights'
     greedy continuation of prompt + those tokens, and each piece's engine log-probs match the trainer's
-    recomputation with the weights that sampled it; the batch carries them as its behaviour log-probs."""
+    recomputation with the weights that sampled it; the batch carries them as its behaviour log-probs. Two groups are
+    in flight at the stop (one run ahead, ``max_staleness`` 1) and either may own the held generation, so the check
+    reads the one that was cut."""
     from transformers import AutoModelForCausalLM
 
     old_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -128,12 +130,16 @@ async def test_a_kept_reply_is_the_old_weights_tokens_then_what_the_new_weights_
         await suspending
         await engine.load_weights(new_model.state_dict(), version=1)
         await scheduler.resume()
-        batch = await task
+        batches = [await task, await scheduler.get_batch()]  # this batch's group and the one run ahead of it
     finally:
         let_go.set()
         await scheduler.close()
         await engine.close()
 
+    # whichever group's env answered first had its request in the held generation: that episode was cut
+    kept = [b for b in batches if b.episodes[0].turns[0].versions]
+    assert kept, f"no reply was kept across the load: {[b.episodes[0].turns[0].versions for b in batches]}"
+    batch = kept[0]
     ((episode,),) = [batch.episodes]
     (turn,) = episode.turns
     ((start, old), (cut, new)) = turn.versions

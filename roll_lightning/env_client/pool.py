@@ -125,6 +125,7 @@ class EnvPool:
         self.endpoints: list[Endpoint] = []
         self.local: list[LocalServer] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self.open_sessions: set[EnvSession] = set()  # opened here and not closed yet (`close` closes them)
         self._limits: dict[str, int] = {}  # env id -> its spec's max_sessions, when set (`open`)
         self._gates: dict[str, asyncio.Semaphore] = {}
         self.stats = {
@@ -184,10 +185,13 @@ class EnvPool:
         return Endpoint(address, client, batcher, waiting=waiting)
 
     async def close(self) -> None:
+        """Close the sessions still open (a server's drain waits for their episodes), then the clients, then stop
+        the local servers."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await asyncio.gather(*(session.close() for session in list(self.open_sessions)), return_exceptions=True)
         await asyncio.gather(*(ep.client.close() for ep in self.endpoints), return_exceptions=True)
         if self.local:
             await asyncio.get_running_loop().run_in_executor(None, lambda: [s.stop() for s in self.local])

@@ -93,6 +93,7 @@ class EnvSession:
         self.step_index = 0
         self.closed = False
         self.gate: asyncio.Semaphore | None = None  # held while open: the env's max_sessions (`EnvPool.open`)
+        pool.open_sessions.add(self)  # `EnvPool.close` closes what is still open
         # unique per session is enough (the server keys replay by session); cheaper than a uuid
         self._request_ids = map(str, itertools.count(1))
 
@@ -217,6 +218,7 @@ class EnvSession:
         if self.closed:
             return
         self.closed = True
+        self.pool.open_sessions.discard(self)
         self.endpoint.active = max(0, self.endpoint.active - 1)
         try:
             if not self.endpoint.ejected:

@@ -148,6 +148,18 @@ async def test_same_seed_same_start_in_two_server_processes():
     assert all(p.poll() is not None for p in processes), "the pool stops the servers it started"
 
 
+async def test_closing_the_pool_closes_the_sessions_it_left_open(server):
+    """Episodes still in progress when their pool closes belong to nobody: the pool closes their sessions, so the
+    server holds none and a drain (its own local servers' stop) has no episode to wait for."""
+    async with EnvPool([server.address]) as pool:
+        sessions = [await pool.open("frozenlake") for _ in range(3)]
+        for session in sessions:
+            await session.reset(seed=1)
+        await sessions[0].close()
+        assert server.server.table.episodes_in_progress() == 2 and pool.open_sessions == set(sessions[1:])
+    assert len(server.server.table) == 0 and all(session.closed for session in sessions)
+
+
 async def test_killed_server_fails_the_episode_within_the_deadline(subprocess_env):
     server = launch_local_server(["slow"], extra_args=["--import", "support.plugin_envs"])
     try:

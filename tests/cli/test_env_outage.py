@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from support.cli import SPARSE_CHECKPOINTS, TINY, check_last_holds_the_last_step, start_cli, wait_for_file
+from support.cli import SPARSE_CHECKPOINTS, TINY, check_last_holds_the_last_step, run_cli, start_cli, wait_for_file
 
+from env_servers.ports import free_port
 from roll_lightning.env_client.local import LocalServer, launch_local_server
 
 STEPS = 5
@@ -85,3 +86,18 @@ def test_an_outage_longer_than_the_timeout_ends_the_run_in_one_line_with_its_ste
     rows = list(csv_module.DictReader(next(run.rglob("metrics.csv")).open()))
     logged = {k: float(v) for row in rows for k, v in row.items() if v}  # the last value of each
     assert logged["env/ejections_total"] >= 1, "the outage's fault counts reach the metrics though no step followed"
+
+
+def test_a_run_whose_endpoint_never_answers_stops_after_its_start_timeout_in_one_line(tmp_path: Path) -> None:
+    """Nothing listens at the endpoint: the start waits ``data.envs.start_timeout_s`` (1 s here, 30 by default)
+    for it to serve, then the run stops with one line naming it, before any model is trained."""
+    dead = f"127.0.0.1:{free_port()}"
+    done = run_cli(
+        "fit", "--config", TINY, "--data.envs.endpoints", f'["{dead}"]', "--data.envs.start_timeout_s", "1",
+        "--trainer.default_root_dir", str(tmp_path / "run"), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"roll_lightning: error: data.envs.endpoints=['{dead}']: UNAVAILABLE: no env endpoint is reachable and"
+        f" serving after 1s: {dead}"
+    ), done.stderr[-3000:]

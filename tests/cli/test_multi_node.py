@@ -107,10 +107,11 @@ def test_when_one_node_fails_for_good_the_other_stops_at_the_same_step_in_one_li
 
 
 def test_when_one_node_fails_during_set_up_the_other_says_so_in_one_line(tmp_path: Path) -> None:
-    """Node 1 is given an env endpoint nobody serves, so its set-up fails (outage timeout 2 s) while node 0 waits
-    in a collective: node 0 ends with one line that points at the other rank, not gloo's traceback."""
+    """Node 1 is given an env endpoint nobody serves, so its set-up fails (its start waits 2 s for a serving
+    endpoint) while node 0 waits in a collective: node 0 ends with one line that points at the other rank, not
+    gloo's traceback."""
     with two_hosts() as nodes:
-        dead = ["--data.envs.endpoints", f'["127.0.0.1:{free_port()}"]', "--data.envs.outage_timeout_s", "2"]
+        dead = ["--data.envs.endpoints", f'["127.0.0.1:{free_port()}"]', "--data.envs.start_timeout_s", "2"]
         procs = start_nodes(nodes, args(tmp_path / "run"), tmp_path, more={1: dead})
         (status0, stderr0), (status1, stderr1) = finish(procs, timeout=180)
     assert status1 != 0 and "roll_lightning: error:" in stderr1.splitlines()[-1], stderr1[-3000:]

@@ -190,6 +190,8 @@ class EnvsConfig:
         token: bearer token for remote servers; tls_root_cert: PEM file to verify them (enables TLS).
         transport: ``batch`` (concurrent calls share one RPC), ``stream`` or ``unary``.
         call_timeout_s / reset_timeout_s: deadline of a step / a reset.
+        start_timeout_s: how long the run's start waits for a first reachable, serving endpoint (servers may
+            still be loading); longer, and the run stops with a message naming the endpoints.
         outage_timeout_s: when every endpoint is down (unreachable, frozen, restarting, draining), new episodes
             wait this long for one to come back, without using their retries; longer, and the run stops with a
             message naming the endpoints and how long they were down (0 = stop at once).
@@ -204,6 +206,7 @@ class EnvsConfig:
     transport: Transport = "batch"
     call_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
+    start_timeout_s: float = 30.0
     outage_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -211,6 +214,7 @@ class EnvsConfig:
             "transport": choice(self, "transport"),
             "call_timeout_s": (self.call_timeout_s > 0, "> 0"),
             "reset_timeout_s": (self.reset_timeout_s > 0, "> 0"),
+            "start_timeout_s": (self.start_timeout_s > 0, "> 0"),
             "outage_timeout_s": (self.outage_timeout_s >= 0, ">= 0"),
         }
         check("data.envs", self, rules, RolloutConfigError)
@@ -231,6 +235,7 @@ class EnvsConfig:
             transport=self.transport,
             call_timeout_s=self.call_timeout_s,
             reset_timeout_s=self.reset_timeout_s,
+            start_timeout_s=self.start_timeout_s,
             outage_timeout_s=self.outage_timeout_s,
         )
 

@@ -392,6 +392,9 @@ class AgentRLModule(L.LightningModule):
             norm = torch.nn.utils.clip_grad_norm_(self.parameters(), algo.max_grad_norm)
             sums["train/grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         opt.step()
+        # the update runs in one autocast region, whose cache keeps a bf16 copy of each weight: the step changed
+        # the weights in place, so the next forward (a step, the update-KL guard) must cast them again
+        torch.clear_autocast_cache()
         return dict(sums)
 
     def _micro_loss(

@@ -246,6 +246,32 @@ def test_a_sampler_far_from_the_trainer_is_reported_once(model_dir: Path, tokeni
     assert sum("logprob_gap" in str(w.message) for w in caught) == 1
 
 
+def test_under_bf16_autocast_a_forward_after_an_optimiser_step_sees_the_stepped_weights(
+    model_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """The update runs in one bf16 autocast region, whose cache keeps one bf16 copy of each weight; a step changes
+    the weights in place, so the copies must go with it. Seen through `max_update_kl`'s forward after the step: its
+    KL is the stepped policy's (a fresh bf16 forward of the trained weights), not the policy before the step's."""
+    from roll_lightning.training.forward import policy_forward
+
+    batch = handmade_batch(model_dir, tokenizer)
+    before = AgentRLModule._load(model_dir)
+    algorithm = AlgorithmConfig(max_update_kl=1e9, recompute_old_logprobs=False)
+    module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-3), dtype="bfloat16")
+    trainer = fit(module, batch, tmp_path)
+    mask = batch.response_mask.bool()
+
+    def kl(actor: Any) -> float:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = policy_forward(actor, batch, 1.0)
+        log_r = (logp.float() - batch.behaviour_logprobs)[mask]
+        return float((log_r.exp() - 1 - log_r).mean())
+
+    logged, stepped, stale = float(trainer.callback_metrics["train/update_kl"]), kl(module.actor), kl(before)
+    assert abs(stepped - stale) > 10 * 0.05 * stepped, (stepped, stale)  # the step moved the policy, measurably
+    assert logged == pytest.approx(stepped, rel=0.05), (logged, stepped, stale)
+
+
 def test_an_update_that_moves_the_policy_too_far_is_undone(model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
     """`max_update_kl`: the KL logged is the policy's own after the update (k3 of the reply tokens against the
     sampling log-probs); under a bound it passes the update is kept, over it the weights and AdamW's moments are

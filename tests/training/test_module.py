@@ -253,19 +253,19 @@ def test_under_bf16_autocast_a_forward_after_an_optimiser_step_sees_the_stepped_
     the weights in place, so the copies must go with it. Seen through `max_update_kl`'s forward after the step: its
     KL is the stepped policy's (a fresh bf16 forward of the trained weights), not the policy before the step's."""
     from roll_lightning.training.forward import policy_forward
+    from roll_lightning.training.update_guard import update_kl
 
     batch = handmade_batch(model_dir, tokenizer)
     before = AgentRLModule._load(model_dir)
     algorithm = AlgorithmConfig(max_update_kl=1e9, recompute_old_logprobs=False)
     module = AgentRLModule(str(model_dir), algorithm=algorithm, optim=OptimConfig(lr=1e-3), dtype="bfloat16")
     trainer = fit(module, batch, tmp_path)
-    mask = batch.response_mask.bool()
 
-    def kl(actor: Any) -> float:
+    def kl(actor: Any) -> float:  # the guard's own measure, on a fresh bf16 forward
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             logp, _ = policy_forward(actor, batch, 1.0)
-        log_r = (logp.float() - batch.behaviour_logprobs)[mask]
-        return float((log_r.exp() - 1 - log_r).mean())
+        total, count = update_kl(batch.behaviour_logprobs, logp, batch.response_mask)
+        return total / count
 
     logged, stepped, stale = float(trainer.callback_metrics["train/update_kl"]), kl(module.actor), kl(before)
     assert abs(stepped - stale) > 10 * 0.05 * stepped, (stepped, stale)  # the step moved the policy, measurably

@@ -11,6 +11,7 @@ from roll_lightning.env_client.errors import (
     EpisodesKeepFailing,
     NoEndpointAvailable,
     ProtocolViolation,
+    StartTimedOut,
 )
 from roll_lightning.env_client.pool import EnvPool
 from roll_lightning.env_client.session import EnvSession, ObservationImage, ResetOutcome, StepOutcome
@@ -31,6 +32,7 @@ __all__ = [
     "ObservationImage",
     "ProtocolViolation",
     "ResetOutcome",
+    "StartTimedOut",
     "StepOutcome",
     "tools_of",
 ]

@@ -96,6 +96,14 @@ class EndpointTlsMismatch(NoEndpointAvailable):
         self.endpoint = endpoint
 
 
+class StartTimedOut(NoEndpointAvailable):
+    """No endpoint was reachable and serving within the pool's ``start_timeout_s``."""
+
+    def __init__(self, seconds: float, addresses: list[str]) -> None:
+        self.seconds, self.addresses = seconds, addresses
+        super().__init__(f"no env endpoint is reachable and serving after {seconds:g}s: " + ", ".join(addresses))
+
+
 class EnvOutage(NoEndpointAvailable):
     """Every endpoint has been down longer than ``outage_timeout_s``: stop, don't retry."""
 

@@ -25,6 +25,7 @@ from roll_lightning.env_client.errors import (
     EnvOutage,
     EpisodeFailed,
     NoEndpointAvailable,
+    StartTimedOut,
     status_code,
 )
 from roll_lightning.env_client.local import LocalServer, launch_local_server
@@ -168,9 +169,7 @@ class EnvPool:
                 break
             if asyncio.get_running_loop().time() >= deadline:
                 await self.close()
-                raise NoEndpointAvailable(
-                    f"no env endpoint is reachable and serving after {self.start_timeout_s:g}s: " + ", ".join(addresses)
-                )
+                raise StartTimedOut(self.start_timeout_s, addresses)
             await asyncio.sleep(min(0.25, self.health_interval_s))
         self._note_availability()
         for ep in self.endpoints:

@@ -90,7 +90,8 @@ def test_an_outage_longer_than_the_timeout_ends_the_run_in_one_line_with_its_ste
 
 def test_a_run_whose_endpoint_never_answers_stops_after_its_start_timeout_in_one_line(tmp_path: Path) -> None:
     """Nothing listens at the endpoint: the start waits ``data.envs.start_timeout_s`` (1 s here, 30 by default)
-    for it to serve, then the run stops with one line naming it, before any model is trained."""
+    for it to serve, then the run stops with one line naming it and the key that sets the wait, before any model
+    is trained."""
     dead = f"127.0.0.1:{free_port()}"
     done = run_cli(
         "fit", "--config", TINY, "--data.envs.endpoints", f'["{dead}"]', "--data.envs.start_timeout_s", "1",
@@ -98,6 +99,7 @@ def test_a_run_whose_endpoint_never_answers_stops_after_its_start_timeout_in_one
     )  # fmt: skip
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1] == (
-        f"roll_lightning: error: data.envs.endpoints=['{dead}']: UNAVAILABLE: no env endpoint is reachable and"
-        f" serving after 1s: {dead}"
+        f"roll_lightning: error: data.envs.endpoints=['{dead}']: nothing there was reachable and serving after 1s"
+        " (data.envs.start_timeout_s): check that a server runs at that address, or raise the timeout if it needs"
+        " longer to start"
     ), done.stderr[-3000:]

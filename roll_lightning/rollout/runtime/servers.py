@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable
+from roll_lightning.env_client import EnvPool, EpisodeFailed, NoEndpointAvailable, StartTimedOut
 from roll_lightning.env_client.errors import EndpointRefused, EndpointTlsMismatch
 from roll_lightning.rollout.config.envs import LaneSpec, RolloutConfigError
 from roll_lightning.rollout.config.rollout import EnvsConfig
@@ -63,6 +63,12 @@ class EnvServers:
             raise RolloutConfigError(f"data.envs.token: {err}") from err
         except EndpointTlsMismatch as err:
             raise RolloutConfigError(f"data.envs.tls_root_cert: {err.detail}") from err
+        except StartTimedOut as err:
+            raise RolloutConfigError(
+                f"{key}={_show(where)}: nothing there was reachable and serving after {err.seconds:g}s "
+                "(data.envs.start_timeout_s): check that a server runs at that address, or raise the timeout if it "
+                "needs longer to start"
+            ) from err
         except NoEndpointAvailable as err:
             raise RolloutConfigError(f"{key}={_show(where)}: {err}") from err
         except RuntimeError as err:  # a local server did not start: usually a bad env id or import

@@ -104,10 +104,6 @@ def with_tools_in_system(messages: list[dict[str, str]], tools: list[dict]) -> l
     return [{"role": "system", "content": listing}, *messages]
 
 
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 @dataclass
 class TokenHistory:
     """One conversation as token ids, their exact text and its pictures."""

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
+from roll_lightning.rollout.prompts.encoding import encode
+
 IMAGE_MARKER = "<image>"
 VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
@@ -109,13 +111,13 @@ class ImageEncoder:
 def tokenize(tokenizer: Any, text: str, images: Sequence[PromptImage], encoder: ImageEncoder | None) -> list[int]:
     """``text``'s ids, each ``<image>`` marker replaced by its vision-token run."""
     if not images:  # a literal marker is just text
-        return tokenizer.encode(text, add_special_tokens=False)
+        return encode(tokenizer, text)
     pieces = text.split(IMAGE_MARKER)
     if len(pieces) - 1 != len(images) or encoder is None:
         raise ImageInputError(f"the prompt holds {len(pieces) - 1} {IMAGE_MARKER} markers for {len(images)} images")
-    ids = tokenizer.encode(pieces[0], add_special_tokens=False)
+    ids = encode(tokenizer, pieces[0])
     for image, piece in zip(images, pieces[1:], strict=True):
-        ids += encoder.placeholder(image) + tokenizer.encode(piece, add_special_tokens=False)
+        ids += encoder.placeholder(image) + encode(tokenizer, piece)
     return ids
 
 

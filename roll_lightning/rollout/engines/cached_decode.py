@@ -94,15 +94,15 @@ def decode(
     # 1. Lay out [pad | cached | pad | new prompt tokens]; the cache holds the first part, the forward the second.
     cached = max(r.reused for r in rows)
     fresh = max(len(r.prompt) - r.reused for r in rows)
-    mask = torch.zeros((batch, cached + fresh), dtype=torch.long)
-    input_ids = torch.full((batch, fresh), pad_id, dtype=torch.long)
-    positions = torch.ones((batch, fresh), dtype=torch.long)
-    for i, row in enumerate(rows):
-        new = row.prompt[row.reused :]
-        mask[i, cached - row.reused : cached] = 1
-        mask[i, cached + fresh - len(new) :] = 1
-        input_ids[i, fresh - len(new) :] = torch.tensor(new)
-        positions[i, fresh - len(new) :] = torch.arange(row.reused, len(row.prompt))
+    mask_rows, id_rows, position_rows = [], [], []  # built as lists: one tensor each, not four ops per row
+    for row in rows:
+        new, hole = row.prompt[row.reused :], fresh - (len(row.prompt) - row.reused)
+        mask_rows.append([0] * (cached - row.reused) + [1] * row.reused + [0] * hole + [1] * len(new))
+        id_rows.append([pad_id] * hole + new)
+        position_rows.append([1] * hole + list(range(row.reused, len(row.prompt))))
+    mask = torch.tensor(mask_rows, dtype=torch.long)
+    input_ids = torch.tensor(id_rows, dtype=torch.long)
+    positions = torch.tensor(position_rows, dtype=torch.long)
     cache = DynamicCache(config=model.config)
     if cached:
         for layer, kv in enumerate(_merged_past(rows, cached)):

@@ -12,27 +12,18 @@ import torch
 from torch import Tensor
 
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
-from roll_lightning.algorithms.grouping import dense_index, group_normalize
+from roll_lightning.algorithms.grouping import dense_index, group_normalize, next_rows, time_order
 from roll_lightning.algorithms.grpo import Baseline, grpo_advantages
 
 
 @torch.no_grad()
 def discounted_step_returns(step_rewards: Tensor, traj_ids: Tensor, step_index: Tensor, gamma: float) -> Tensor:
     """``R_t = sum_{k>=t} gamma^(k-t) r_k`` within each trajectory (Eq. 5); ``k`` counts rows, as in verl-agent."""
-    traj = traj_ids.tolist()
-    step = step_index.tolist()
+    following = next_rows(traj_ids, step_index).tolist()
     rewards = step_rewards.detach().to(torch.float64).tolist()
-    order = sorted(range(len(traj)), key=lambda i: (traj[i], step[i]))
-    out = [0.0] * len(traj)
-    following: int | None = None  # the row after this one in time, same trajectory
-    for i in reversed(order):
-        if following is not None and traj[following] == traj[i]:
-            if step[following] == step[i]:
-                raise ValueError(f"trajectory {traj[i]} has two rows with step {step[i]}")
-            out[i] = rewards[i] + gamma * out[following]
-        else:
-            out[i] = rewards[i]
-        following = i
+    out = [0.0] * len(rewards)
+    for i in reversed(time_order(traj_ids, step_index)):  # the latest row of each trajectory first
+        out[i] = rewards[i] + (gamma * out[following[i]] if following[i] >= 0 else 0.0)
     return torch.tensor(out, dtype=torch.float64, device=step_rewards.device).to(step_rewards.dtype)
 
 

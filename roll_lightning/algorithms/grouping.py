@@ -86,3 +86,24 @@ def segment_ids(response_mask: Tensor) -> Tensor:
     previous = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
     starts = mask & ~previous
     return torch.where(mask, starts.long().cumsum(-1), 0)
+
+
+def time_order(traj_ids: Tensor, step_index: Tensor) -> list[int]:
+    """Row indices by trajectory, then by step within it."""
+    traj, step = traj_ids.tolist(), step_index.tolist()
+    return sorted(range(len(traj)), key=lambda i: (traj[i], step[i]))
+
+
+def next_rows(traj_ids: Tensor, step_index: Tensor) -> Tensor:
+    """For each row, the index of the row after it in time in the same trajectory, or -1 (step rows of an episode
+    chain; a trajectory row, alone in its trajectory, has none). Two rows of one trajectory at one step are an
+    error."""
+    traj, step = traj_ids.tolist(), step_index.tolist()
+    order = time_order(traj_ids, step_index)
+    out = [-1] * len(traj)
+    for i, following in zip(order, order[1:], strict=False):
+        if traj[following] == traj[i]:
+            if step[following] == step[i]:
+                raise ValueError(f"trajectory {traj[i]} has two rows with step {step[i]}")
+            out[i] = following
+    return torch.tensor(out, dtype=torch.long)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
+from roll_lightning.algorithms.grouping import next_rows
 
 
 @torch.no_grad()
@@ -63,21 +64,6 @@ def gae_advantages(
         done[idx] = True
     returns = torch.where(mask, advantages + v, 0)
     return advantages.to(values.dtype), returns.to(values.dtype)
-
-
-def next_rows(traj_ids: Tensor, step_index: Tensor) -> Tensor:
-    """For each row, the index of the row after it in time in the same trajectory, or -1 (step rows of an episode
-    chain; a trajectory row, alone in its trajectory, has none). The same order as GiGPO's
-    `discounted_step_returns`, and the same error for two rows of one trajectory at one step."""
-    traj, step = traj_ids.tolist(), step_index.tolist()
-    order = sorted(range(len(traj)), key=lambda i: (traj[i], step[i]))
-    out = [-1] * len(traj)
-    for i, following in zip(order, order[1:], strict=False):
-        if traj[following] == traj[i]:
-            if step[following] == step[i]:
-                raise ValueError(f"trajectory {traj[i]} has two rows with step {step[i]}")
-            out[i] = following
-    return torch.tensor(out, dtype=torch.long)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from roll_lightning.algorithms import (
     grpo_advantages,
     ids_to_index,
 )
-from roll_lightning.algorithms.ppo_gae import next_rows
+from roll_lightning.algorithms.grouping import next_rows
 
 EPS = 1e-6
 T = torch.tensor

@@ -16,7 +16,9 @@ def _texts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     cells = "#_PXO√ "
     boards = ["\n".join("".join(rng.choice(cells) for _ in range(4)) for _ in range(4)) for _ in range(n)]
-    return [f"<|im_start|>user\nTurn {k % 7 + 1}:\n{b}<|im_end|>\n<|im_start|>assistant\n" for k, b in enumerate(boards)]
+    return [
+        f"<|im_start|>user\nTurn {k % 7 + 1}:\n{b}<|im_end|>\n<|im_start|>assistant\n" for k, b in enumerate(boards)
+    ]
 
 
 def test_remembered_ids_are_the_tokenizers_own_on_a_bpe_and_a_word_vocabulary(tokenizer: Any) -> None:

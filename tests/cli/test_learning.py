@@ -33,24 +33,27 @@ def median(key: str, part: list[dict[str, str]]) -> float:
 
 def test_the_main_command_learns_sokoban(learning_recipes: dict[str, Recipe]) -> None:
     """`configs/sokoban.yaml` as written, cut to its first 200 rollout steps of 128 episodes (the 30-minute run does
-    ~950-1,100) with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512
+    ~700-1,100) with no wall-clock budget (the run shares the machine with the rest of the suite), evaluated on 512
     held-out levels instead of 128, at steps 0, 100 and 200.
 
     The policy's move prior wanders from update to update, so one evaluation moves by several points by itself
     (128 levels at temperature 1: about +-4; the same weights read 3.1% and 8.6% at step 0 in two runs), and the
-    mean of the evaluations after step 0 is the steadier measure. Over the five 30-minute seeds of the recipe
-    (docs/benchmarks.md, "Thirty-two levels of four"; 128 held-out levels) the mean of steps 100 and 200 stood
-    +12.9 to +24.7 points over step 0 (median +14.1; at steps 150-199 invalid replies had a median of 0.5-0.9% and
-    training success was up by 7-13 points in every seed). Hence a margin of +8: 5 points under the worst seed, and
-    about 5 standard errors of the 1,024 held-out episodes after step 0 above no change. 200 steps, not 400: the
-    400-step test doubled the suite's learning compute when the recipe went to 128 episodes a step. Training success
-    per batch is noisier, so it only may not fall. The FrozenLake test below covers a policy that reads its board in
-    a CI budget."""
+    mean of the evaluations after step 0 is the steadier measure. Over ten 30-minute seeds of the recipe (five on a
+    2-core AMD EPYC, docs/benchmarks.md "Thirty-two levels of four"; five on an Intel Xeon, "The main command over
+    five seeds on a CPU with AMX"; 128 held-out levels) the mean of steps 100 and 200 stood +9.8 to +24.7 points
+    over step 0 (median +13.3). Hence a margin of +6: 3.8 points under the worst seed, and about 4 standard errors
+    of the 1,024 held-out episodes after step 0 above no change. At steps 150-199 invalid replies had a median of
+    0.5-1.1% and training success was up by 6-13 points in nine of the ten seeds; the tenth (Xeon seed 3) was inside
+    a burst of invalid replies (steps 117-174, docs/benchmarks.md) that it recovered from, and would fail the two
+    assertions on them: a known risk of about one run in ten, kept because a policy that never learned valid moves
+    must fail here. 200 steps, not 400: the 400-step test doubled the suite's learning compute when the recipe went
+    to 128 episodes a step. Training success per batch is noisier, so it only may not fall. The FrozenLake test
+    below covers a policy that reads its board in a CI budget."""
     steps = RECIPES["test_the_main_command_learns_sokoban"][1]
     recipe = learning_recipes["test_the_main_command_learns_sokoban"]
     evals, train, stdout = recipe.result()
     before, after = evals[0][1], evals[-1][1]
-    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.08, recipe.diagnosis()
+    assert statistics.mean(v for _, v in evals[1:]) - before >= 0.06, recipe.diagnosis()
     first, last = train[:50], train[-50:]
     assert median("rollout/invalid_action_rate", last) < 0.05 < mean("rollout/invalid_action_rate", first)
     assert mean("rollout/success_rate", last) >= mean("rollout/success_rate", first), recipe.diagnosis()

@@ -26,7 +26,7 @@ class EncodingMemo:
         self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = 0  # texts answered from the memo
 
     def encode(self, text: str) -> list[int]:
         with self._lock:
@@ -39,7 +39,6 @@ class EncodingMemo:
         assert tokenizer is not None, "the memo outlived its tokenizer"
         ids = tuple(tokenizer.encode(text, add_special_tokens=False))
         with self._lock:
-            self.misses += 1
             if len(text) <= self.max_chars and text not in self._entries:
                 self._entries[text] = ids
                 self._chars += len(text)

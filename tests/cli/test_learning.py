@@ -121,9 +121,20 @@ def test_a_chat_model_learns_to_use_tools(learning_recipes: dict[str, Recipe]) -
     # the calls stay well-formed: per step 0-21% invalid; the median of the last 10 steps was 6.6% and 10.5% in
     # two runs on 2026-11-28 (the second failed a bound of 10%), 5-6% in the benchmark's
     assert median("rollout/invalid_tool_call_rate", last) < 0.15
-    # fewer guesses: answers per episode fall toward one, each after a lookup
-    assert mean("rollout/tool_calls/answer", last) < mean("rollout/tool_calls/answer", first)
+    # fewer guesses: wrong answers fall (a right answer ends its episode, so a batch's right answers are its
+    # successes). Not all answers: a build of tiny-tools that seldom answers at first answers more as it learns
+    # (CI, 2026-12-01: 26.4 answers per batch at steps 1-10, 33.2 at 51-60, success up from ~15% to ~80%)
+    assert mean_wrong_answers(last) < mean_wrong_answers(first)
     assert all(float(r["rollout/tool_calls/lookup"] or 0) > 0 for r in last)
+
+
+def mean_wrong_answers(part: list[dict[str, str]]) -> float:
+    """Answers per batch that did not end their episode: all answers less the batch's successes."""
+    wrong = [
+        float(r["rollout/tool_calls/answer"] or 0) - float(r["rollout/success_rate"]) * float(r["rollout/episodes"])
+        for r in part
+    ]
+    return sum(wrong) / len(wrong)
 
 
 def test_a_policy_learns_through_the_users_agent_program(learning_recipes: dict[str, Recipe]) -> None:

@@ -9,7 +9,7 @@ return left out of its baseline (RLOO, Ahmadian et al. 2024), so the baseline do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -17,6 +17,8 @@ from torch import Tensor
 from roll_lightning.algorithms.estimator import AdvantageInputs, Estimator
 from roll_lightning.algorithms.gigpo import discounted_step_returns
 from roll_lightning.algorithms.grouping import dense_index, first_row_per_traj
+
+Scale = Literal["reward", "batch_std"]
 
 
 def leave_one_out_baseline(
@@ -43,6 +45,8 @@ def vine_advantages(
     anchors: Tensor,
     *,
     gamma: float = 1.0,
+    scale: Scale = "reward",
+    eps: float = 1e-6,
 ) -> Tensor:
     """Per step row, ``[B]``:
 
@@ -50,9 +54,12 @@ def vine_advantages(
         V_-i(s)     = mean of R_t(j), j != i, rows of group g at state s
         A(i)        = R_t(i) - V_-i(s)                              a state with siblings (a fork, the reset)
         A(i)        = R(tau_i) - mean_{j != i} R(tau_j), group g    a state without: the episode's RLOO
+        A(i)       <- A(i) / (std_batch(A) + eps)                   scale: batch_std
 
     A state's rows are those of one group with one anchor; under ``data.rollout.branch`` a fork's siblings share
-    an exact anchor, and every member's first step shares the reset's.
+    an exact anchor, and every member's first step shares the reset's. ``scale: reward`` leaves advantages on the
+    reward's scale (VinePPO); ``batch_std`` makes the update's size independent of it with one divisor for the
+    batch, so each state keeps its differences in proportion (a per-state std would make two siblings +-1).
     """
     returns = discounted_step_returns(step_rewards, traj_ids, step_index, gamma).to(torch.float64)
     state, n_states = dense_index(group_ids, anchors)
@@ -63,6 +70,8 @@ def vine_advantages(
     episode_baseline, has_others = leave_one_out_baseline(scores, group, n_groups, counted=first)
     episode_advantage = torch.where(has_others, scores - episode_baseline, torch.zeros_like(scores))
     advantage = torch.where(has_siblings, returns - step_baseline, episode_advantage)
+    if scale == "batch_std" and advantage.numel() > 1:
+        advantage = advantage / (advantage.std(unbiased=False) + eps)
     dtype = episode_scores.dtype if episode_scores.is_floating_point() else torch.get_default_dtype()
     return advantage.to(dtype)
 
@@ -76,16 +85,17 @@ class Vine(Estimator):
     needs_step_rows: ClassVar[bool] = True
 
     gamma: float = 1.0
+    scale: Scale = "reward"
 
     @classmethod
     def from_settings(cls, settings: Any) -> Vine:
-        return cls(gamma=settings.gigpo_gamma)
+        return cls(gamma=settings.gigpo_gamma, scale=settings.vine_scale)
 
     def __call__(self, rows: AdvantageInputs) -> tuple[Tensor, None]:
         if rows.anchors is None:
             raise ValueError("vine needs the rows' state ids (AdvantageInputs.anchors)")
         advantages = vine_advantages(
             rows.episode_scores, rows.step_scores, rows.group_ids, rows.traj_ids, rows.step_index, rows.anchors,
-            gamma=self.gamma,
+            gamma=self.gamma, scale=self.scale,
         )  # fmt: skip
         return advantages, None

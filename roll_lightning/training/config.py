@@ -10,6 +10,7 @@ from roll_lightning.algorithms.aggregation import AGGREGATIONS, AggMode
 from roll_lightning.algorithms.grpo import Baseline
 from roll_lightning.algorithms.losses import KL_ESTIMATORS, KLKind
 from roll_lightning.algorithms.objective import Objective
+from roll_lightning.algorithms.vine import Scale as VineScale
 from roll_lightning.settings import ConfigError, check, choice
 from roll_lightning.training.forward import FixedMicroBatches, MicroBatching, TokenBudgetMicroBatches
 
@@ -96,6 +97,8 @@ class AlgorithmConfig:
             is pushed away from what it did instead of getting no signal.
         gamma / lam: ppo-gae discount and GAE lambda (per token); gigpo_gamma: gigpo's and vine's per-step discount.
         step_weight: gigpo: weight of the step-level term.
+        vine_scale: vine: ``reward`` (advantages on the reward's scale, as VinePPO) or ``batch_std`` (divided by
+            their std over the batch: the learning rate then does not depend on the reward's scale).
         gigpo_same_turn: gigpo: a step group holds rows of one state *at one turn*. Under a turn limit the time
             left is part of the state: without it, a state revisited late (a blocked move, an invalid reply) has a
             higher return-to-go than its first visit only because fewer steps remain, and is rewarded for that.
@@ -137,6 +140,7 @@ class AlgorithmConfig:
     lam: float = 0.95
     gigpo_gamma: float = 0.95
     step_weight: float = 1.0
+    vine_scale: VineScale = "reward"
     gigpo_same_turn: bool = False
     kl_coef: float = 0.0
     kl_kind: KLKind = "k3"
@@ -185,6 +189,7 @@ class AlgorithmConfig:
             "lam": (0 <= self.lam <= 1, "in [0, 1]"),
             "gigpo_gamma": (0 <= self.gigpo_gamma <= 1, "in [0, 1]"),
             "step_weight": (self.step_weight >= 0, ">= 0"),
+            "vine_scale": choice(self, "vine_scale"),
             "entropy_coef": (self.entropy_coef >= 0, ">= 0"),
             "value_coef": (self.value_coef >= 0, ">= 0"),
             "value_clip": (self.value_clip >= 0, ">= 0"),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from roll_lightning.algorithms import ESTIMATORS, AdvantageInputs, vine_advantages
+from roll_lightning.training.config import AlgorithmConfig
 
 
 def test_a_forked_tree_by_hand() -> None:
@@ -40,3 +41,21 @@ def test_a_group_of_one_and_a_registered_estimator() -> None:
     assert advantages.tolist() == [1.0, -1.0] and values is None
     with pytest.raises(ValueError, match="vine needs the rows' state ids"):
         vine(AdvantageInputs(**{**rows.__dict__, "anchors": None}))
+
+
+def test_batch_std_scale_keeps_the_size_of_each_difference() -> None:
+    # two forks of two siblings: returns differ by 2 at one and by 0.2 at the other. One divisor for the batch keeps
+    # the 10:1 ratio (a per-state std would make both +-1); the scaled advantages have std 1 whatever the reward's
+    # scale, so multiplying the rewards by 10 changes nothing.
+    rewards = torch.tensor([2.0, 0.0, 0.2, 0.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    traj, step, anchors = torch.tensor([0, 1, 2, 3]), torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1])
+    raw = vine_advantages(rewards, rewards, groups, traj, step, anchors)
+    torch.testing.assert_close(raw, torch.tensor([2.0, -2.0, 0.2, -0.2]))
+    scaled = vine_advantages(rewards, rewards, groups, traj, step, anchors, scale="batch_std")
+    std = torch.tensor([2.0, -2.0, 0.2, -0.2]).std(unbiased=False)
+    torch.testing.assert_close(scaled, raw / (std + 1e-6))
+    tenfold = vine_advantages(10 * rewards, 10 * rewards, groups, traj, step, anchors, scale="batch_std")
+    torch.testing.assert_close(tenfold, scaled, rtol=1e-5, atol=1e-6)
+    settings = AlgorithmConfig(estimator="vine", vine_scale="batch_std")
+    assert ESTIMATORS["vine"].from_settings(settings).scale == "batch_std"

@@ -126,7 +126,8 @@ def train_worker(variant: str, rows: int, micro: int, steps: int) -> dict[str, A
     }
 
 
-def engine_worker(kind: str, episodes: int, steps: int) -> dict[str, Any]:
+def engine_worker(variant: str, episodes: int, steps: int) -> dict[str, Any]:
+    """``variant``: an engine kind, then optionally ``fp32`` (bf16 otherwise), e.g. ``vllm fp32``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -141,7 +142,9 @@ def engine_worker(kind: str, episodes: int, steps: int) -> dict[str, Any]:
     weights = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
 
     async def main() -> dict[str, Any]:
-        config = EngineConfig(kind=kind, dtype="bfloat16", max_model_len=1024)  # type: ignore[arg-type]
+        kind, _, dtype = variant.partition(" ")
+        dtype = {"": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}[dtype]
+        config = EngineConfig(kind=kind, dtype=dtype, max_model_len=1024)  # type: ignore[arg-type]
         engine = build_engine(config, path)
         try:
             await asyncio.gather(*(engine.generate(prompt, params) for _ in range(episodes)))  # warm-up

@@ -37,6 +37,7 @@ UNIT = {  # test files (relative to tests/) whose every test is pure and fast
     "servers/envs/test_lookup.py",
     "servers/envs/test_lookup_warmup.py",
     "models/test_tiny_tools.py",
+    "models/test_precision.py",
     "servers/envs/test_frozenlake.py",
     "servers/envs/test_sokoban.py",
     "servers/test_capabilities.py",

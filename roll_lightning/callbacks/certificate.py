@@ -214,7 +214,7 @@ def describe(trainer: L.Trainer, rollout: SetUpRollout, module: AgentRLModule) -
         },  # fmt: skip
         engine={
             "kind": kind,
-            "dtype": rollout.engine_config.weights_dtype,
+            "dtype": rollout.engine_config.weights_dtype(device),
             "device": device,
             "replicas": len(replicas),
             "accelerator": _accelerator(device),

@@ -21,6 +21,7 @@ from roll_lightning.algorithms import Estimator
 from roll_lightning.algorithms.aggregation import masked_mean
 from roll_lightning.algorithms.correction import importance_weights
 from roll_lightning.algorithms.objective import ADDITIVE, Divisors, MicroInputs, Objective
+from roll_lightning.models.precision import DTYPES, resolve_dtype
 from roll_lightning.rollout.datamodule import rollout_of
 from roll_lightning.rollout.episodes.batch import RolloutBatch
 from roll_lightning.rollout.handover import HandoffPlan, Handover
@@ -60,7 +61,8 @@ class AgentRLModule(L.LightningModule):
             model: a model folder or ``tiny``, ``tiny-words``, ``tiny-grid``, ``smollm2-135m-instruct`` (``:SEED``).
             algorithm: advantages, loss, epochs, micro-batching, KL, entropy.
             optim: AdamW and the learning-rate schedule (in rollout steps).
-            dtype: ``float32`` or ``bfloat16`` compute; trainable weights stay float32.
+            dtype: ``float32``, ``bfloat16`` or ``auto`` compute (bf16 where the training device computes it in
+                hardware: `roll_lightning.models.precision`); trainable weights stay float32.
             rollout_steps: stop after this many rollout batches (None: trainer.max_steps decides).
             seed: seeds the mini-batch shuffling.
             sync_bucket_bytes: the most bytes per weight-sync bucket.
@@ -73,14 +75,15 @@ class AgentRLModule(L.LightningModule):
         self.estimator: Estimator = algorithm.advantage_estimator
         self.micro_batcher: MicroBatching = algorithm.micro_batcher
         self.optim = optim
-        self.compute_dtype = dtype
+        self.dtype_setting = dtype
+        self.compute_dtype = dtype  # ``auto`` resolved in `setup`, on the device the trainer chose
         given = SimpleNamespace(rollout_steps=rollout_steps, dtype=dtype, sync_bucket_bytes=sync_bucket_bytes)
         rules = {  # rollout_steps 0 or -1 would train one step and exit 0
             "rollout_steps": (
                 rollout_steps is None or rollout_steps >= 1,
                 ">= 1, or null (trainer.max_steps decides)",
             ),
-            "dtype": (dtype in ("float32", "bfloat16"), "float32 or bfloat16"),
+            "dtype": (dtype in DTYPES, " or ".join(DTYPES)),
             "sync_bucket_bytes": (sync_bucket_bytes >= 1, ">= 1"),
         }
         check("model", given, rules, TrainingConfigError)
@@ -175,6 +178,7 @@ class AgentRLModule(L.LightningModule):
     # -- the step ------------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
+        self.compute_dtype = resolve_dtype(self.dtype_setting, self.trainer.strategy.root_device.type)
         rollout = rollout_of(self.trainer)
         self.handover = rollout.handover if rollout is not None else None
 

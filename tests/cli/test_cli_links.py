@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from support.cli import build_cli
 
+from roll_lightning.models.precision import cpu_flags
+
 
 def test_seed_everything_seeds_the_model_the_boards_and_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -23,8 +25,11 @@ def test_the_engine_generates_in_the_trainers_dtype_unless_told_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def engine_dtype(*args: str) -> str:
-        return build_cli(tmp_path, monkeypatch, *args).datamodule.engine_config.weights_dtype
+        return build_cli(tmp_path, monkeypatch, *args).datamodule.engine_config.weights_dtype("cpu")
 
     assert engine_dtype() == "float32"
     assert engine_dtype("--model.dtype", "bfloat16") == "bfloat16"
     assert engine_dtype("--model.dtype", "bfloat16", "--data.engine.dtype", "float16") == "float16"
+    # auto follows the trainer's setting and is resolved for the engine's own device: this CPU's flags decide
+    native = "amx_bf16" in cpu_flags() or "avx512_bf16" in cpu_flags()
+    assert engine_dtype("--model.dtype", "auto") == ("bfloat16" if native else "float32")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from roll_lightning.models.precision import resolve_dtype
 from roll_lightning.rollout.engines.placement import device_rule
 from roll_lightning.settings import ConfigError, check, choice
 
@@ -30,8 +31,9 @@ class EngineConfig:
         replicas: engines behind one router.
         device: ``auto`` (cuda if available), ``cpu`` or ``cuda[:N]``.
         devices: a device per replica, ``train`` or e.g. ``"cuda:{local_rank + 4}"`` (replaces ``replicas``).
-        dtype: ``float32`` (on CPUs, keeps engine and trainer log-probs equal), ``bfloat16``, ``float16``, or null:
-            the trainer's (``model.dtype``; float32 outside the CLI).
+        dtype: ``float32`` (on CPUs, keeps engine and trainer log-probs equal), ``bfloat16``, ``float16``, ``auto``
+            (bf16 where the replica's device computes it in hardware, else float32), or null: the trainer's
+            (``model.dtype``; float32 outside the CLI).
         max_batch_size: requests per batch (vllm: ``max_num_seqs``).
         max_model_len: vllm: longest prompt + reply (default: the model's).
         kv_cache_gib: vllm on CPU: KV-cache size.
@@ -47,7 +49,7 @@ class EngineConfig:
     replicas: int = 1
     device: str = "auto"
     devices: list[str] | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = None
     max_batch_size: int = 64
     max_model_len: int | None = None
     kv_cache_gib: float = 1.0
@@ -79,7 +81,7 @@ class EngineConfig:
                     "replicas: set one of them (devices decides the count)"
                 )
 
-    @property
-    def weights_dtype(self) -> str:
-        """The engine's weights' dtype: ``dtype``, else float32."""
-        return self.dtype or "float32"
+    def weights_dtype(self, device: str) -> str:
+        """The dtype of a replica's weights on ``device`` (``cpu``, ``cuda:N``): ``dtype`` (``auto`` resolved for
+        that device), else float32."""
+        return resolve_dtype(self.dtype or "float32", device.partition(":")[0])

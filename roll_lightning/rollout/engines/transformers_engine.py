@@ -39,7 +39,7 @@ class TransformersEngine(ThreadedEngine):
         return cls(
             model,
             device=device,
-            dtype=config.weights_dtype,
+            dtype=config.weights_dtype(device),
             max_batch_size=config.max_batch_size,
             seed=seed,
             turn_cache_gib=config.turn_cache_gib,

@@ -289,7 +289,7 @@ def engine_args(model: str | Path, config: EngineConfig, device: str, seed: int)
     on_cpu = device == "cpu"
     args: dict[str, Any] = {
         "model": str(model),
-        "dtype": config.weights_dtype,
+        "dtype": config.weights_dtype(device),
         "seed": seed,
         "max_num_seqs": config.max_batch_size,
         "enable_prefix_caching": config.enable_prefix_caching,

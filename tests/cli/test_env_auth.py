@@ -6,10 +6,9 @@ pool's 30 s start timeout to say "no env endpoint is reachable and serving", whi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from support.cli import run_cli
 
 from roll_lightning.env_client.local import launch_local_server
 
@@ -22,11 +21,8 @@ def test_fit_with_a_wrong_token_names_the_endpoint_that_refused_it(tmp_path: Pat
         "fit", "--config", str(ROOT / "configs" / "tiny.yaml"), "--data.envs.endpoints", f'["{server.address}"]',
         "--data.envs.token", "wrong", "--trainer.default_root_dir", str(tmp_path / "run"),
     ]  # fmt: skip
-    env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "roll_lightning", *args], cwd=tmp_path, env=env, capture_output=True, text=True
-        )
+        done = run_cli(*args, cwd=tmp_path)
     finally:
         server.stop()
     assert done.returncode != 0

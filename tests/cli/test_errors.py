@@ -1,6 +1,7 @@
 """Bad input to ``python -m roll_lightning``: one line naming the file or key, exit status 2, nothing run.
 
-Run as users run it (subprocesses); `ROLL_DEBUG=1` brings the traceback back. The rule that tells bad input
+Run as users run it, each a process of its own (forked with the CLI's imports done, `support.preimported`; one
+test checks that a new interpreter says the same); `ROLL_DEBUG=1` brings the traceback back. The rule that tells bad input
 from a bug (`roll_lightning.exits.is_input_error`) and the reading of negative numbers are checked directly.
 """
 
@@ -13,7 +14,7 @@ from argparse import ArgumentError
 from pathlib import Path
 
 import pytest
-from support.cli import TINY, run_cli
+from support.cli import TINY, run_cli, run_cli_fresh
 
 from roll_lightning.exits import is_input_error, is_peer_gone, join_negative_values
 
@@ -60,6 +61,15 @@ def test_an_input_error_is_one_line_naming_what_is_wrong(args: list[str], messag
     assert "Traceback" not in done.stderr and "usage:" not in done.stderr, done.stderr[-3000:]
     assert "model.algorithm.temperature" not in done.stderr  # the linked copy is not what the user set
     assert not list(tmp_path.rglob("*.ckpt")) and "Loading weights" not in done.stderr  # nothing ran
+
+
+def test_a_new_interpreter_says_the_same_as_a_preimported_one(tmp_path: Path) -> None:
+    """The CLI tests run ``python -m roll_lightning`` forked with its imports done (`support.preimported`): a new
+    interpreter, as a user's shell starts it, gives the same status and line for a malformed config."""
+    (tmp_path / "bad.yaml").write_text(BAD_YAML)
+    fresh, preimported = (run("fit", "--config", "bad.yaml", cwd=tmp_path) for run in (run_cli_fresh, run_cli))
+    assert fresh.returncode == preimported.returncode == 2, fresh.stderr[-3000:]
+    assert error_lines(fresh) == error_lines(preimported) != []
 
 
 def test_the_vllm_engine_without_vllm_says_what_to_install(tmp_path: Path) -> None:

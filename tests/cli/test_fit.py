@@ -6,8 +6,6 @@ import csv
 import json
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,6 @@ from support.cli import (
     check_last_holds_the_last_step,
     check_stopped_mid_rollout_then_resume,
     children,
-    cli_env,
     dumped_groups,
     jsonl,
     logged_metrics,
@@ -391,7 +388,7 @@ def test_roll_steps_sets_the_run_length_of_every_config_that_has_one(tmp_path: P
     for config in sorted((ROOT / "configs").glob("*.yaml")):
         for value in re.findall(r"^\s*rollout_steps:\s*(\S+)", config.read_text(), re.M):
             assert value.startswith("${oc.env:ROLL_STEPS,"), f"{config.name}: rollout_steps {value} ignores ROLL_STEPS"
-    command = [sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / "tiny.yaml")]
-    done = subprocess.run([*command, "--print_config"], env=cli_env(tmp_path, ROLL_STEPS="7"), capture_output=True,
-                          text=True, cwd=tmp_path)  # fmt: skip
+    done = run_cli(
+        "fit", "--config", str(ROOT / "configs" / "tiny.yaml"), "--print_config", cwd=tmp_path, ROLL_STEPS="7"
+    )
     assert done.returncode == 0 and re.search(r"^  rollout_steps: 7$", done.stdout, re.M), done.stdout + done.stderr

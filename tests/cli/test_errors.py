@@ -1,8 +1,8 @@
 """Bad input to ``python -m roll_lightning``: one line naming the file or key, exit status 2, nothing run.
 
 Run as users run it, each a process of its own (forked with the CLI's imports done, `support.preimported`; one
-test checks that a new interpreter says the same); `ROLL_DEBUG=1` brings the traceback back. The rule that tells bad input
-from a bug (`roll_lightning.exits.is_input_error`) and the reading of negative numbers are checked directly.
+test checks that a new interpreter says the same); `ROLL_DEBUG=1` brings the traceback back. The rule that tells
+bad input from a bug (`roll_lightning.exits.is_input_error`) and the reading of negative numbers are checked directly.
 """
 
 from __future__ import annotations

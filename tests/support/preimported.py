@@ -95,7 +95,7 @@ def run(
     command = [sys.executable, "-m", module, *args]
     with tempfile.TemporaryDirectory(prefix="cli-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        process = _context().Process(target=_child, args=(module, list(args), str(cwd), env, str(out), str(err)))
+        process = _context().Process(target=_child, args=(module, args, str(cwd), env, str(out), str(err)))
         process.start()
         process.join(timeout)
         timed_out = process.exitcode is None

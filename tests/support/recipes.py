@@ -64,7 +64,8 @@ RECIPES: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
         ),
     ),
 }
-ALONE = {"test_the_gpu_recipe_shape_learns_through_vllm"}  # started by its test, the last, with every core
+# started with every core when the learning tests begin (tests/cli/test_learning.py), its test the last
+ALONE = {"test_the_gpu_recipe_shape_learns_through_vllm"}
 LOWEST_PRIORITY = 19  # nice value: the recipes get the CPU only when the rest of the suite leaves it idle
 HANG_GUARD_S = 3600  # a recipe that is not done an hour after the suite started it is hung, not slow
 
@@ -89,12 +90,12 @@ class Recipe:
         """Start the run (once)."""
         if self.process is not None:
             return
-        folder, config, steps, threads = self.folder, self.config, self.steps, os.cpu_count() if self.alone else 1
+        folder, threads = self.folder, os.cpu_count() if self.alone else 1
         env = {**os.environ, "ROLL_LIGHTNING_CACHE": str(folder / "cache"), "OMP_NUM_THREADS": str(threads)}
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / config),
-                "--model.rollout_steps", str(steps), "--trainer.val_check_interval", str(self.eval_every),
+                sys.executable, "-m", "roll_lightning", "fit", "--config", str(ROOT / "configs" / self.config),
+                "--model.rollout_steps", str(self.steps), "--trainer.val_check_interval", str(self.eval_every),
                 # steps decide the end, not the config's wall-clock budget: the run may share the machine
                 "--trainer.max_time", "null", "--trainer.default_root_dir", str(folder / "run"), *self.more,
             ],
